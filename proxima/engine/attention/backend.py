@@ -1,0 +1,220 @@
+"""vLLM attention backend that reads K/V through a per-token slot table (KV block size 1).
+
+Layer: the worker side of Proxima. With block size 1 the worker's block table *is* the slot
+table (row r, column p: the slot holding position p of request r), and vLLM's slot mapping is
+where each new token's K/V goes. This module adapts vLLM's backend interface to the two
+implementations of one contract in `reference` (batched torch: the CPU path and the reference)
+and `triton_attention` (the CUDA path).
+
+KV layout (why): one tensor per layer of shape (num_slots, 1, Hkv, 2*D), K and V side by side
+per head as in vLLM 0.26's own backends. A token's K/V for all heads is one contiguous row, so a
+gather through the slot table reads whole rows whatever order the slots are in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
+
+from proxima.engine.attention.reference import slot_attention_torch, write_kv
+
+# vLLM looks the name up in its backend enum: CUSTOM is the slot for third-party backends.
+BACKEND_NAME = "CUSTOM"
+
+
+class ProximaSlotAttentionBackend(AttentionBackend):
+    forward_includes_kv_cache_update: bool = False
+    accept_output_buffer: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto"]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int]:
+        return [1]
+
+    @classmethod
+    def supports_block_size(cls, block_size: int | None) -> bool:
+        return block_size in (None, 1)
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [32, 64, 80, 96, 112, 128, 160, 192, 224, 256]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type[ProximaSlotAttentionImpl]:
+        return ProximaSlotAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[ProximaSlotMetadataBuilder]:
+        return ProximaSlotMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
+        if block_size != 1:
+            raise ValueError(f"Proxima's slot attention needs KV block size 1, got {block_size}")
+        return (num_blocks, block_size, num_kv_heads, 2 * head_size)
+
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
+        if include_num_layers_dimension:
+            return (1, 0, 2, 3, 4)
+        return (0, 1, 2, 3)
+
+    @staticmethod
+    def use_cascade_attention(*args, **kwargs) -> bool:
+        return False
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+
+@dataclass
+class ProximaSlotMetadata:
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens: torch.Tensor
+    slot_table: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
+class ProximaSlotMetadataBuilder(AttentionMetadataBuilder[ProximaSlotMetadata]):
+    # The Triton path reads only device tensors and sizes fixed at capture: graphs are safe.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> ProximaSlotMetadata:
+        m = common_attn_metadata
+        return ProximaSlotMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            max_query_len=m.max_query_len,
+            max_seq_len=m.max_seq_len,
+            query_start_loc=m.query_start_loc[: m.num_reqs + 1],
+            query_start_loc_cpu=m.query_start_loc_cpu[: m.num_reqs + 1],
+            seq_lens=m.seq_lens[: m.num_reqs],
+            slot_table=m.block_table_tensor,
+            slot_mapping=m.slot_mapping,
+        )
+
+
+class ProximaSlotAttentionImpl(AttentionImpl):
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+        **unsupported,
+    ) -> None:
+        refused = {
+            "ALiBi": alibi_slopes is not None,
+            "sliding window": sliding_window is not None,
+            "logits soft cap": bool(logits_soft_cap),
+            "attention sinks": sinks is not None,
+            f"attention type {attn_type}": attn_type != AttentionType.DECODER,
+            f"KV cache dtype {kv_cache_dtype}": kv_cache_dtype != "auto",
+        }
+        if any(refused.values()):
+            names = ", ".join(k for k, v in refused.items() if v)
+            raise NotImplementedError(f"Proxima's slot attention does not support {names}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+
+    def _split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = kv_cache.view(kv_cache.shape[0], self.num_kv_heads, 2 * self.head_size)
+        return rows[..., : self.head_size], rows[..., self.head_size :]
+
+    def do_kv_cache_update(
+        self,
+        layer: torch.nn.Module,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        if self.kv_sharing_target_layer_name is not None:
+            return
+        k_cache, v_cache = self._split(kv_cache)
+        if key.is_cuda:
+            from proxima.engine.attention.triton_attention import write_kv_triton
+
+            write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+        else:
+            write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: ProximaSlotMetadata | None,
+        output: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        assert output is not None, "Proxima's backend writes into vLLM's output buffer"
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by Proxima")
+        if attn_metadata is None:  # profiling run
+            return output.fill_(0)
+        m = attn_metadata
+        k_cache, v_cache = self._split(kv_cache)
+        q = query.view(query.shape[0], self.num_heads, self.head_size)
+        out = output.view(output.shape[0], self.num_heads, self.head_size)
+        if q.is_cuda:
+            from proxima.engine.attention.triton_attention import slot_attention_triton
+
+            slot_attention_triton(
+                q, k_cache, v_cache, m.slot_table, m.query_start_loc, m.seq_lens, self.scale, out,
+                num_actual_tokens=m.num_actual_tokens, max_query_len=m.max_query_len,
+                max_seq_len=m.max_seq_len,
+            )
+        else:
+            slot_attention_torch(
+                q, k_cache, v_cache, m.slot_table, m.query_start_loc_cpu, m.seq_lens, self.scale,
+                out, num_actual_tokens=m.num_actual_tokens,
+            )
+        return output

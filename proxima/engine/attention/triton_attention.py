@@ -1,0 +1,249 @@
+"""Triton kernels for slot attention, each beside the thin launcher that checks its arguments.
+
+Same contract as ``reference.py`` (its docstring states it; ``slot_attention_torch`` is the
+reference these kernels are tested against). Runs on CUDA, and on CPU under ``TRITON_INTERPRET=1``
+(set before Triton is imported), which is how CI tests it.
+
+Design of ``_slot_attention_kernel`` (one "unified" kernel for prefill, chunked prefill and
+decode):
+
+- grid = (query tiles, kv heads). A query tile is ``BLOCK_Q`` consecutive query tokens of one
+  request times the ``GROUP = Hq // Hkv`` query heads that share one KV head, i.e.
+  ``BLOCK_M = BLOCK_Q * GROUP`` rows, so each K/V tile is loaded once per GQA group.
+- the tiles are flattened over all requests: request ``r`` owns tiles starting at
+  ``query_start_loc[r] // BLOCK_Q + r``; a program finds its request by binary search. The grid
+  is an upper bound computed from shapes alone, so launching never reads device memory on the
+  host (no sync, CUDA-graph friendly); surplus programs exit at once.
+- K/V are read ``BLOCK_N`` token positions at a time, each position's slot looked up in
+  ``slot_table``, with an online softmax in float32.
+- the tile loop lives in ``_attend_kv_tiles`` and takes a ``[tile_start, tile_end)`` range, so a
+  split-KV (flash-decoding) variant can run it on a slice of the context per program, store
+  ``(acc, l, m)`` partials, and merge them in a small reduce kernel.
+
+Constraints: head size is padded to a power of two >= 16 inside the kernel (any D works; a power
+of two wastes nothing). Storage must be fp16, bf16 or fp32 with unit stride along D.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from proxima.engine.attention.reference import (
+    _require,
+    check_attention_args,
+    check_write_kv_args,
+)
+
+_LOG2_E = 1.4426950408889634
+# K/V token positions per tile. 32 keeps the register tile small for D=128 on Hopper while
+# amortising the slot-table load; a tuned decode variant may pick differently.
+_BLOCK_N = 32
+# Rows (query tokens x heads of one GQA group) per program; tl.dot needs >= 16.
+_MIN_BLOCK_M = 16
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    stride_key_t, stride_key_h, stride_value_t, stride_value_h,
+    stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h,
+    NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    HEADS_PAD: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + row).to(tl.int64)
+    if slot < 0:  # padding token
+        return
+    heads = tl.arange(0, HEADS_PAD)[:, None]
+    dims = tl.arange(0, HEAD_SIZE_PAD)[None, :]
+    mask = (heads < NUM_KV_HEADS) & (dims < HEAD_SIZE)
+    k = tl.load(key_ptr + row * stride_key_t + heads * stride_key_h + dims, mask=mask)
+    v = tl.load(value_ptr + row * stride_value_t + heads * stride_value_h + dims, mask=mask)
+    tl.store(k_cache_ptr + slot * stride_kc_s + heads * stride_kc_h + dims, k, mask=mask)
+    tl.store(v_cache_ptr + slot * stride_vc_s + heads * stride_vc_h + dims, v, mask=mask)
+
+
+def write_kv_triton(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+    """Triton ``write_kv``: skips negative slots in-kernel (no host sync). Slots must be distinct
+    and in range; out-of-range slots are not checked (that would sync)."""
+    check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
+    for name, t in (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _require(t.stride(2) == 1, f"write_kv_triton: {name} must have unit stride along D, got strides {t.stride()}")
+    _require(slot_mapping.is_contiguous(), "write_kv_triton: slot_mapping must be contiguous")
+    _check_backend(key, "write_kv_triton")
+    num_rows = slot_mapping.shape[0]
+    if num_rows == 0:
+        return
+    num_kv_heads, head_size = k_cache.shape[1], k_cache.shape[2]
+    _write_kv_kernel[(num_rows,)](
+        key, value, k_cache, v_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size,
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
+    )
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr, tile_idx, num_requests, BLOCK_Q: tl.constexpr):
+    """Last request r whose first tile (query_start_loc[r] // BLOCK_Q + r) is <= tile_idx."""
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_requests
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend_kv_tiles(
+    q, acc, l_i, m_i,
+    k_head_ptr, v_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
+    stride_k_s, stride_v_s, tile_start, tile_end,
+    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax of q ([BLOCK_M, D]) over KV tiles [tile_start, tile_end); base-2 logits."""
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    d_ok = offs_d < HEAD_SIZE
+    for tile in range(tile_start, tile_end):
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < seq_len
+        # Table entries at or past seq_len are garbage: masked, never dereferenced.
+        slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
+        k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + offs_d[:, None],
+                    mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, BLOCK_N]
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        visible = n_ok[None, :] & (offs_n[None, :] <= q_abs_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # Rows that have seen nothing yet (padding rows) keep m = -inf; subtract 0 there, not -inf.
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens"])
+def _slot_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
+    qk_scale, num_requests, num_actual_tokens,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    stride_k_s, stride_k_h, stride_v_s, stride_v_h, stride_table_r,
+    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req = _find_request(query_start_loc_ptr, tile_idx, num_requests, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    local_tile = tile_idx - (q_start // BLOCK_Q + req)
+    if local_tile * BLOCK_Q >= q_len:  # surplus program, or a request with no queries
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    context = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    q_idx = local_tile * BLOCK_Q + offs_m // GROUP  # query index within the request
+    head = kv_head * GROUP + offs_m % GROUP
+    token = (q_start + q_idx).to(tl.int64)
+    # offs_m < BLOCK_Q * GROUP drops the spare rows when GROUP is not a power of two.
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len) & (token < num_actual_tokens)
+    d_ok = offs_d < HEAD_SIZE
+    q = tl.load(q_ptr + token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_abs_pos = context + q_idx
+
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE_PAD], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    # Keys past the tile's last query position are masked for every row: do not visit them.
+    num_keys = context + tl.minimum((local_tile + 1) * BLOCK_Q, q_len)
+    slot_row_ptr = slot_table_ptr + req.to(tl.int64) * stride_table_r
+    acc, l_i, m_i = _attend_kv_tiles(
+        q, acc, l_i, m_i,
+        k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, slot_row_ptr, seq_len, q_abs_pos,
+        qk_scale, stride_k_s, stride_v_s, 0, tl.cdiv(num_keys, BLOCK_N),
+        HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_PRECISION,
+    )
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def slot_attention_triton(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_table: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+    output: Tensor,
+    num_actual_tokens: int | None = None,
+) -> Tensor:
+    """Triton ``slot_attention_torch``: same signature, same semantics, writes ``output`` in place.
+
+    Metadata values are trusted (checking them would sync the device): ``query_start_loc`` must be
+    non-decreasing with ``query_start_loc[-1] <= T``, and ``q_len <= seq_lens[r] <= slot_table
+    width`` for every request with queries.
+    """
+    check_attention_args(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output,
+                         num_actual_tokens)
+    for name, t in (("query", query), ("output", output), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _require(t.stride(2) == 1,
+                 f"slot_attention_triton: {name} must have unit stride along D, got strides {t.stride()}")
+    _require(slot_table.stride(1) == 1,
+             f"slot_attention_triton: slot_table rows must be contiguous, got strides {slot_table.stride()}")
+    _require(query_start_loc.is_contiguous() and seq_lens.is_contiguous(),
+             "slot_attention_triton: query_start_loc and seq_lens must be contiguous")
+    _check_backend(query, "slot_attention_triton")
+
+    num_tokens, num_query_heads, head_size = query.shape
+    num_kv_heads = k_cache.shape[1]
+    num_requests = query_start_loc.shape[0] - 1
+    if num_requests == 0 or num_tokens == 0:
+        return output
+    group = num_query_heads // num_kv_heads
+    block_m = max(_MIN_BLOCK_M, triton.next_power_of_2(group))
+    block_q = block_m // group
+    # Request r's tiles start at query_start_loc[r] // block_q + r, and every tile index is below
+    # query_start_loc[R] // block_q + R <= T // block_q + R: an upper bound from shapes alone.
+    grid = (num_tokens // block_q + num_requests, num_kv_heads)
+    _slot_attention_kernel[grid](
+        query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens,
+        float(scale) * _LOG2_E, num_requests, num_tokens if num_actual_tokens is None else num_actual_tokens,
+        query.stride(0), query.stride(1), output.stride(0), output.stride(1),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), slot_table.stride(0),
+        HEAD_SIZE=head_size, HEAD_SIZE_PAD=max(16, triton.next_power_of_2(head_size)), GROUP=group,
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
+        # fp32 storage would otherwise be multiplied in TF32 on NVIDIA GPUs (10-bit mantissa).
+        DOT_PRECISION="ieee" if query.dtype.itemsize == 4 else "tf32",
+    )
+    return output
+
+
+def _interpreting() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_slot_attention_kernel, InterpretedFunction)
+
+
+def _check_backend(t: Tensor, who: str) -> None:
+    _require(t.device.type == "cuda" or _interpreting(),
+             f"{who}: tensors are on {t.device}; Triton needs CUDA, or TRITON_INTERPRET=1 set before "
+             f"Triton is imported (or use the torch implementation in reference.py)")

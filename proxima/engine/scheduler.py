@@ -1,0 +1,166 @@
+"""vLLM's scheduler with Proxima's slot manager and KV telemetry.
+
+`proxima serve` passes `--scheduler-cls proxima.engine.scheduler.ProximaScheduler`. With
+PROXIMA_ALLOCATOR=token the scheduler's KV manager is `SlotKVCacheManager` (block size 1); with
+`block` it keeps vLLM's own manager untouched and only observes it, so an A/B run compares the
+two allocators under identical telemetry.
+
+vLLM 0.26 picks `AsyncScheduler` itself when async scheduling is on; `__new__` keeps that
+choice by returning the async variant, so Proxima never changes how steps overlap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+from vllm.v1.core.sched import scheduler as vllm_scheduler
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from proxima.engine import kv_stats
+from proxima.engine.compat import unsupported_options
+from proxima.engine.kv_manager import SlotKVCacheManager
+from proxima.engine.settings import ProximaConfigError, ProximaSettings
+from proxima.metrics import catalog
+from proxima.metrics.prometheus import PrometheusKVExporter
+
+logger = logging.getLogger(__name__)
+
+# Occupancy map and largest free run scan every slot: refresh them at most this often.
+SLOW_STATS_INTERVAL_S = 0.5
+
+
+@contextlib.contextmanager
+def _slot_manager_in_place():
+    """vLLM 0.26 builds its manager inline in Scheduler.__init__; swap the class it names for
+    the constructor's duration, so the stock manager (one Python object per block) is never built."""
+    original = vllm_scheduler.KVCacheManager
+    vllm_scheduler.KVCacheManager = SlotKVCacheManager
+    try:
+        yield
+    finally:
+        vllm_scheduler.KVCacheManager = original
+
+
+class ProximaScheduler(Scheduler):
+    def __new__(cls, vllm_config, *args, **kwargs):
+        if cls is ProximaScheduler and vllm_config.scheduler_config.async_scheduling:
+            cls = ProximaAsyncScheduler
+        return super().__new__(cls)
+
+    def __init__(self, vllm_config, kv_cache_config, *args, **kwargs) -> None:
+        settings = ProximaSettings.from_env()
+        if settings.allocator is None:
+            raise ProximaConfigError(
+                "ProximaScheduler needs PROXIMA_ALLOCATOR=token or block in the environment; "
+                "`proxima serve` sets it"
+            )
+        self.proxima_allocator = settings.allocator
+        if settings.token_slots:
+            problems = unsupported_options(vllm_config)
+            if problems:
+                raise ProximaConfigError("Proxima cannot serve: " + "; ".join(problems))
+            if vllm_config.cache_config.enable_prefix_caching:
+                logger.warning("Proxima: prefix caching is off (token slots do not serve it)")
+                vllm_config.cache_config.enable_prefix_caching = False
+            with _slot_manager_in_place():
+                super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+        else:
+            super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+
+        engine = str(vllm_config.parallel_config.data_parallel_rank)
+        self.kv_exporter = PrometheusKVExporter(CollectorRegistry(), engine=engine)
+        self._granularity = 1 if settings.token_slots else self.block_size
+        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        num_layers = len(kv_cache_config.kv_cache_groups[0].layer_names)
+        bytes_per_token = spec.page_size_bytes * num_layers // spec.block_size
+        cache_bytes = sum(t.size for t in kv_cache_config.kv_cache_tensors)
+        self.kv_exporter.set_static(settings.allocator, self._granularity, bytes_per_token, cache_bytes)
+        if isinstance(self.kv_cache_manager, SlotKVCacheManager):
+            self.kv_cache_manager.observer = self
+        self._slow_stats_at = 0.0
+        self._occupancy: tuple[float, ...] = ()
+        self._largest_free_run = 0
+        self.last_kv_stats: kv_stats.KVStats | None = None
+        logger.info(
+            "Proxima: allocator=%s slots=%d kv_bytes_per_token=%d kv_cache_bytes=%d",
+            settings.allocator, kv_cache_config.num_blocks * spec.block_size, bytes_per_token,
+            cache_bytes,
+        )
+
+    # AllocatorObserver (the slot manager reports its own timings here).
+    def on_allocate(self, seconds: float, num_slots: int) -> None:
+        self.kv_exporter.observe_latency("allocate", seconds)
+
+    def on_free(self, seconds: float, num_slots: int) -> None:
+        self.kv_exporter.observe_latency("free", seconds)
+
+    def schedule(self, *args, **kwargs):
+        start = time.perf_counter()
+        output = super().schedule(*args, **kwargs)
+        self.kv_exporter.observe_latency("step", time.perf_counter() - start)
+        self.last_kv_stats = self._collect_stats()
+        self.kv_exporter.publish(self.last_kv_stats)
+        return output
+
+    def _preempt_request(self, request, timestamp: float) -> None:
+        super()._preempt_request(request, timestamp)
+        self.kv_exporter.count_preemption()
+
+    def _collect_stats(self) -> kv_stats.KVStats:
+        live = np.fromiter(
+            (r.num_computed_tokens for r in self.running), dtype=np.int64, count=len(self.running)
+        )
+        mgr = self.kv_cache_manager
+        if isinstance(mgr, SlotKVCacheManager):
+            total, used, cached = mgr.allocator.num_slots, mgr.allocator.num_used, 0
+            in_use = lambda: mgr.allocator.in_use  # noqa: E731
+            num_requests = len(mgr.table)
+        else:
+            total, used, cached, in_use, num_requests = self._stock_block_state()
+        now = time.monotonic()
+        if now - self._slow_stats_at >= SLOW_STATS_INTERVAL_S:
+            occupied = in_use()
+            self._occupancy = kv_stats.downsample_occupancy(occupied, catalog.OCCUPANCY_SEGMENTS)
+            self._largest_free_run = kv_stats.largest_free_run(occupied)
+            self._slow_stats_at = now
+        return kv_stats.KVStats(
+            allocator=self.proxima_allocator,
+            granularity=self._granularity,
+            slots_total=total,
+            slots_used=used,
+            slots_cached=cached,
+            live_tokens=int(live.sum()),
+            num_requests=num_requests,
+            reference_block=catalog.REFERENCE_BLOCK_SIZE,
+            reference_block_slots=kv_stats.block_slots(live, catalog.REFERENCE_BLOCK_SIZE),
+            occupancy=self._occupancy,
+            largest_free_run=self._largest_free_run,
+        )
+
+    def _stock_block_state(self):
+        """Read vLLM's block pool in slot units (block 0 is vLLM's reserved null block)."""
+        pool = self.kv_cache_manager.block_pool
+        b = self.block_size
+        num_blocks = pool.num_gpu_blocks - 1
+        used_blocks = num_blocks - pool.get_num_free_blocks()
+        managers = self.kv_cache_manager.coordinator.single_type_managers
+        num_requests = len(managers[0].req_to_blocks)
+
+        def in_use() -> np.ndarray:
+            per_block = np.fromiter((blk.ref_cnt > 0 for blk in pool.blocks[1:]), dtype=np.bool_,
+                                    count=num_blocks)
+            return np.repeat(per_block, b)
+
+        cached_free = 0
+        if self.kv_cache_manager.enable_caching:
+            cached_free = sum(1 for blk in pool.blocks[1:] if blk.ref_cnt == 0 and blk.block_hash is not None)
+        return num_blocks * b, used_blocks * b, cached_free * b, in_use, num_requests
+
+
+class ProximaAsyncScheduler(ProximaScheduler, AsyncScheduler):
+    """The same, over vLLM's AsyncScheduler (chosen by ProximaScheduler.__new__)."""

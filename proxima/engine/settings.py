@@ -1,0 +1,35 @@
+"""Proxima's engine switches, read from the environment in every vLLM process.
+
+The environment (not a config file) carries them because vLLM spawns its EngineCore and worker
+processes itself; `proxima serve` sets the variables once and every process inherits them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ALLOCATOR_ENV = "PROXIMA_ALLOCATOR"
+ALLOCATORS = ("token", "block")
+
+
+class ProximaConfigError(ValueError):
+    """A configuration Proxima cannot serve; the message names the option and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProximaSettings:
+    allocator: str | None  # None: Proxima is installed but not switched on
+
+    @property
+    def token_slots(self) -> bool:
+        return self.allocator == "token"
+
+    @classmethod
+    def from_env(cls) -> ProximaSettings:
+        value = os.environ.get(ALLOCATOR_ENV, "").strip().lower() or None
+        if value is not None and value not in ALLOCATORS:
+            raise ProximaConfigError(
+                f"{ALLOCATOR_ENV}={value!r} is not an allocator; use one of {', '.join(ALLOCATORS)}"
+            )
+        return cls(allocator=value)

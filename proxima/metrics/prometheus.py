@@ -1,0 +1,69 @@
+"""Publish the engine's KV telemetry as Prometheus metrics, built from the catalog.
+
+Runs in the process that owns the allocator (vLLM's EngineCore). `proxima serve` sets
+PROMETHEUS_MULTIPROC_DIR before vLLM starts, so prometheus_client writes these values to
+shared files and vLLM's API server serves them on its own `/metrics` beside `vllm:*`.
+The registry is passed in (tests use a fresh one); nothing here is process-global.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxima.engine.kv_stats import KVStats
+from proxima.metrics import catalog as c
+
+
+def _make(spec: c.MetricSpec, registry: CollectorRegistry):
+    if spec.kind is c.Kind.GAUGE:
+        return Gauge(spec.name, spec.help, spec.labels, registry=registry,
+                     multiprocess_mode=spec.multiprocess_mode)
+    if spec.kind is c.Kind.COUNTER:
+        return Counter(spec.name, spec.help, spec.labels, registry=registry)
+    return Histogram(spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets)
+
+
+class PrometheusKVExporter:
+    def __init__(self, registry: CollectorRegistry, engine: str = "0") -> None:
+        self.engine = engine
+        self._m = {spec.name: _make(spec, registry) for spec in c.ENGINE_METRICS}
+        self._latency = {
+            op: self._m[c.ALLOCATOR_LATENCY.name].labels(engine=engine, op=op) for op in c.ALLOCATOR_OPS
+        }
+        self._preemptions = self._m[c.PREEMPTIONS.name].labels(engine=engine)
+        self._segments = [
+            self._m[c.OCCUPANCY_MAP.name].labels(engine=engine, segment=str(i))
+            for i in range(c.OCCUPANCY_SEGMENTS)
+        ]
+
+    def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None:
+        self._m[c.ALLOCATOR_INFO.name].labels(
+            engine=self.engine, allocator=allocator, block_size=str(granularity)
+        ).set(1)
+        self._gauge(c.BYTES_PER_TOKEN).set(bytes_per_token)
+        self._gauge(c.CACHE_BYTES).set(cache_bytes)
+
+    def observe_latency(self, op: str, seconds: float) -> None:
+        self._latency[op].observe(seconds)
+
+    def count_preemption(self) -> None:
+        self._preemptions.inc()
+
+    def publish(self, stats: KVStats) -> None:
+        g = self._gauge
+        g(c.SLOTS_TOTAL).set(stats.slots_total)
+        g(c.SLOTS_USED).set(stats.slots_used)
+        g(c.SLOTS_FREE).set(stats.slots_free)
+        g(c.SLOTS_CACHED).set(stats.slots_cached)
+        g(c.LIVE_TOKENS).set(stats.live_tokens)
+        g(c.TOKEN_USAGE).set(stats.token_usage)
+        g(c.BLOCK_USAGE).set(stats.block_usage)
+        g(c.FRAGMENTATION).set(stats.fragmentation)
+        g(c.BLOCK_FRAGMENTATION).set(stats.block_fragmentation)
+        g(c.LARGEST_FREE_RUN).set(stats.largest_free_run)
+        g(c.RUNNING_REQUESTS).set(stats.num_requests)
+        for gauge, value in zip(self._segments, stats.occupancy):
+            gauge.set(value)
+
+    def _gauge(self, spec: c.MetricSpec):
+        return self._m[spec.name].labels(engine=self.engine)

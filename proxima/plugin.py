@@ -1,0 +1,36 @@
+"""vLLM general plugin: loaded by every vLLM process (API server, EngineCore, workers).
+
+It must stay cheap and idempotent. With PROXIMA_ALLOCATOR=token it points vLLM's attention
+backend registry at Proxima's slot-table backend: the CUSTOM entry (chosen with
+`--attention-backend CUSTOM` on CUDA) and the CPU_ATTN entry, because the CPU platform ignores
+`--attention-backend` and always asks for CPU_ATTN. Otherwise it changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+BACKEND_PATH = "proxima.engine.attention.backend.ProximaSlotAttentionBackend"
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from proxima.engine.settings import ProximaConfigError, ProximaSettings
+
+    try:
+        settings = ProximaSettings.from_env()
+    except ProximaConfigError as err:
+        logger.error("Proxima plugin left off: %s", err)
+        return
+    if not settings.token_slots:
+        return
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
+    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)

@@ -1,0 +1,326 @@
+"""Slot attention: torch path vs a naive float64 oracle, Triton vs torch, write_kv, argument checks.
+
+On a machine without CUDA the Triton kernels run under the interpreter. TRITON_INTERPRET is read
+when a kernel is decorated, so it is set here before anything imports Triton; on a CUDA machine
+the kernels run for real on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import pytest  # noqa: E402
+
+from proxima.engine.attention import reference  # noqa: E402
+from proxima.engine.attention.reference import slot_attention_torch, write_kv  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+GARBAGE_SLOT = 1 << 29  # out of range on purpose: any read of an entry past seq_len would fault
+
+# (q_len, seq_len) per request: decodes, a full prefill, chunked prefills that start after cached
+# context, a request with no queries this step mid-batch, and a padding request at the end.
+MIXED = [(1, 21), (7, 7), (5, 19), (1, 1), (0, 6), (12, 30), (1, 9), (3, 3), (0, 0)]
+DECODES = [(1, 13), (1, 1), (1, 40), (1, 7), (1, 26)]
+PREFILLS = [(16, 16), (9, 25), (1, 2), (20, 41)]
+
+
+@dataclass(slots=True)
+class Batch:
+    query: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_table: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+    output: torch.Tensor  # poisoned with NaN
+
+    def args(self, output: torch.Tensor | None = None) -> tuple:
+        return (self.query, self.k_cache, self.v_cache, self.slot_table, self.query_start_loc,
+                self.seq_lens, self.scale, self.output if output is None else output)
+
+
+def make_batch(
+    requests: list[tuple[int, int]],
+    num_query_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    *,
+    fragmented: bool,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    interleaved: bool = False,
+    pad_rows: int = 3,
+) -> Batch:
+    gen = torch.Generator().manual_seed(seed)
+    num_slots = sum(s for _, s in requests) + 11  # spare slots hold unrelated data
+    # Both layouts are views into one buffer: [2, S, H, D] (vLLM's, contiguous halves) or
+    # [S, 2, H, D] (K and V interleaved, so each view strides over the other).
+    if interleaved:
+        buf = torch.randn(num_slots, 2, num_kv_heads, head_size, generator=gen).to(dtype)
+        k_cache, v_cache = buf[:, 0], buf[:, 1]
+    else:
+        buf = torch.randn(2, num_slots, num_kv_heads, head_size, generator=gen).to(dtype)
+        k_cache, v_cache = buf[0], buf[1]
+    order = torch.randperm(num_slots, generator=gen) if fragmented else torch.arange(num_slots)
+    width = max(s for _, s in requests) + 5
+    slot_table = torch.full((len(requests) + 2, width), GARBAGE_SLOT, dtype=torch.int32)
+    taken = 0
+    for r, (_, seq_len) in enumerate(requests):
+        slot_table[r, :seq_len] = order[taken:taken + seq_len].to(torch.int32)
+        taken += seq_len
+    q_lens = torch.tensor([q for q, _ in requests])
+    query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]).to(torch.int32)
+    num_tokens = int(query_start_loc[-1]) + pad_rows
+    query = torch.randn(num_tokens, num_query_heads, head_size, generator=gen).to(dtype)
+    return Batch(
+        query=query.to(DEVICE), k_cache=k_cache.to(DEVICE), v_cache=v_cache.to(DEVICE),
+        slot_table=slot_table.to(DEVICE), query_start_loc=query_start_loc.to(DEVICE),
+        seq_lens=torch.tensor([s for _, s in requests], dtype=torch.int32, device=DEVICE),
+        scale=1.0 / math.sqrt(head_size),
+        output=torch.full_like(query, float("nan")).to(DEVICE),
+    )
+
+
+def naive_attention(b: Batch) -> torch.Tensor:
+    """Float64, one request at a time, dense causal attention over the gathered slots."""
+    num_tokens, num_query_heads, _ = b.query.shape
+    group = num_query_heads // b.k_cache.shape[1]
+    out = torch.full(b.query.shape, float("nan"), dtype=torch.float64)
+    starts, seq_lens = b.query_start_loc.cpu().tolist(), b.seq_lens.cpu().tolist()
+    for r, seq_len in enumerate(seq_lens):
+        start, end = starts[r], starts[r + 1]
+        if end == start:
+            continue
+        slots = b.slot_table[r, :seq_len].long()
+        keys = b.k_cache[slots].cpu().double().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        values = b.v_cache[slots].cpu().double().repeat_interleave(group, dim=1)
+        q = b.query[start:end].cpu().double()
+        scores = torch.einsum("qhd,lhd->hql", q, keys) * b.scale
+        positions = seq_len - (end - start) + torch.arange(end - start)
+        hidden = torch.arange(seq_len)[None, :] > positions[:, None]
+        scores = scores.masked_fill(hidden, float("-inf"))
+        out[start:end] = torch.einsum("hql,lhd->qhd", torch.softmax(scores, dim=-1), values)
+    return out
+
+
+def assert_rows(out: torch.Tensor, expected: torch.Tensor, num_written: int, atol: float, rtol: float) -> None:
+    """Rows below num_written match; every row from num_written on is still NaN (untouched)."""
+    out = out.cpu()
+    assert torch.isfinite(out[:num_written]).all()
+    torch.testing.assert_close(out[:num_written].to(expected.dtype), expected[:num_written],
+                               atol=atol, rtol=rtol)
+    assert torch.isnan(out[num_written:]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# (1) torch path vs float64 oracle
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (8, 1), (4, 4)], ids=["gqa4:2", "gqa8:1", "mha"])
+@pytest.mark.parametrize("head_size", [32, 64])
+@pytest.mark.parametrize("fragmented", [True, False], ids=["fragmented", "contiguous"])
+def test_torch_mixed_batch_matches_float64(heads: tuple[int, int], head_size: int, fragmented: bool) -> None:
+    b = make_batch(MIXED, *heads, head_size, fragmented=fragmented, seed=hash((heads, head_size, fragmented)) % 1000)
+    out = slot_attention_torch(*b.args())
+    assert out is b.output
+    assert_rows(out, naive_attention(b), int(b.query_start_loc[-1]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("requests", [DECODES, PREFILLS, [(1, 5)], [(6, 6)]],
+                         ids=["decodes", "prefills", "one-decode", "one-prefill"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["split-kv-buffer", "interleaved-kv"])
+def test_torch_batch_shapes_match_float64(requests: list[tuple[int, int]], interleaved: bool) -> None:
+    b = make_batch(requests, 8, 2, 32, fragmented=True, seed=len(requests), interleaved=interleaved)
+    slot_attention_torch(*b.args())
+    assert_rows(b.output, naive_attention(b), int(b.query_start_loc[-1]), atol=1e-4, rtol=1e-4)
+
+
+def test_torch_chunks_under_small_gather_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A budget below one request's context forces one-request decode chunks and one-row prefill pieces.
+    monkeypatch.setattr(reference, "_GATHER_BUDGET_ELEMENTS", 700)
+    b = make_batch(MIXED + DECODES, 4, 2, 32, fragmented=True, seed=7)
+    slot_attention_torch(*b.args())
+    assert_rows(b.output, naive_attention(b), int(b.query_start_loc[-1]), atol=1e-4, rtol=1e-4)
+
+
+def test_torch_num_actual_tokens_bounds_written_rows() -> None:
+    b = make_batch(MIXED, 4, 2, 32, fragmented=True, seed=3)
+    limit = int(b.query_start_loc[2]) + 2  # cuts the chunked prefill of request 2 in half
+    slot_attention_torch(*b.args(), num_actual_tokens=limit)
+    assert_rows(b.output, naive_attention(b), limit, atol=1e-4, rtol=1e-4)
+
+
+def test_torch_bf16_storage_matches_float64() -> None:
+    b = make_batch(MIXED, 4, 2, 64, fragmented=True, seed=5, dtype=torch.bfloat16)
+    slot_attention_torch(*b.args())
+    assert b.output.dtype == torch.bfloat16
+    assert_rows(b.output.float(), naive_attention(b), int(b.query_start_loc[-1]), atol=2e-2, rtol=2e-2)
+
+
+def test_torch_rejects_inconsistent_metadata() -> None:
+    b = make_batch(MIXED, 4, 2, 32, fragmented=True, seed=9)
+    short = b.seq_lens.clone()
+    short[2] = 2  # fewer cached tokens than the request's 5 queries
+    with pytest.raises(ValueError, match="seq_lens < its query length"):
+        slot_attention_torch(b.query, b.k_cache, b.v_cache, b.slot_table, b.query_start_loc, short,
+                             b.scale, b.output)
+
+
+# ---------------------------------------------------------------------------------------------
+# (3) write_kv
+
+
+def _write_case(seed: int, interleaved: bool, index_dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(seed)
+    num_slots, heads, head_size = 40, 2, 32
+    shape = (num_slots, 2, heads, head_size) if interleaved else (2, num_slots, heads, head_size)
+    buf = torch.randn(*shape, generator=gen).to(DEVICE)
+    k_cache, v_cache = (buf[:, 0], buf[:, 1]) if interleaved else (buf[0], buf[1])
+    key = torch.randn(9, heads, head_size, generator=gen).to(DEVICE)  # 2 trailing padding rows
+    value = torch.randn(9, heads, head_size, generator=gen).to(DEVICE)
+    slots = torch.randperm(num_slots, generator=gen)[:7]
+    slots[[1, 4]] = -1  # padding tokens
+    return key, value, k_cache, v_cache, slots.to(index_dtype).to(DEVICE)
+
+
+def _check_written(writer, seed: int, interleaved: bool, index_dtype: torch.dtype) -> None:
+    key, value, k_cache, v_cache, slot_mapping = _write_case(seed, interleaved, index_dtype)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    writer(key, value, k_cache, v_cache, slot_mapping)
+    k_expect, v_expect = k_before.clone(), v_before.clone()
+    for row, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            k_expect[slot], v_expect[slot] = key[row], value[row]
+    assert torch.equal(k_cache, k_expect)
+    assert torch.equal(v_cache, v_expect)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["split-kv-buffer", "interleaved-kv"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_write_kv_places_rows_and_skips_padding(interleaved: bool, index_dtype: torch.dtype) -> None:
+    _check_written(write_kv, 11, interleaved, index_dtype)
+
+
+def test_write_kv_rejects_out_of_range_slot() -> None:
+    key, value, k_cache, v_cache, slot_mapping = _write_case(1, False, torch.int64)
+    slot_mapping[0] = k_cache.shape[0]
+    with pytest.raises(ValueError, match="out of range"):
+        write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+# ---------------------------------------------------------------------------------------------
+# (4) argument checks, shared by both launchers
+
+
+def _bad_attention_args(b: Batch) -> dict[str, tuple]:
+    q, k, v, table, qsl, seq_lens, scale, out = b.args()
+    return {
+        "output-dtype": (q, k, v, table, qsl, seq_lens, scale, out.to(torch.float16)),
+        "output-shape": (q, k, v, table, qsl, seq_lens, scale, out[:-1]),
+        "query-2d": (q[:, 0], k, v, table, qsl, seq_lens, scale, out[:, 0]),
+        "heads-not-multiple": (q[:, :3], k, v, table, qsl, seq_lens, scale, out[:, :3]),
+        "head-size": (q[..., :16], k, v, table, qsl, seq_lens, scale, out[..., :16]),
+        "cache-dtype": (q, k.double(), v.double(), table, qsl, seq_lens, scale, out),
+        "v-shape": (q, k, v[:-1], table, qsl, seq_lens, scale, out),
+        "table-1d": (q, k, v, table[0], qsl, seq_lens, scale, out),
+        "table-float": (q, k, v, table.float(), qsl, seq_lens, scale, out),
+        "table-rows": (q, k, v, table[:3], qsl, seq_lens, scale, out),
+        "qsl-empty": (q, k, v, table, qsl[:0], seq_lens, scale, out),
+        "seq-lens-short": (q, k, v, table, qsl, seq_lens[:2], scale, out),
+    }
+
+
+def _bad_write_args() -> dict[str, tuple]:
+    key, value, k_cache, v_cache, slots = _write_case(2, False, torch.int32)
+    return {
+        "value-shape": (key, value[:, :1], k_cache, v_cache, slots),
+        "key-heads": (key[:, :1], value[:, :1], k_cache, v_cache, slots),
+        "cache-dtype": (key, value, k_cache.double(), v_cache.double(), slots),
+        "slots-float": (key, value, k_cache, v_cache, slots.float()),
+        "slots-too-many": (key[:3], value[:3], k_cache, v_cache, slots),
+    }
+
+
+def test_torch_rejects_bad_arguments() -> None:
+    b = make_batch(MIXED, 4, 2, 32, fragmented=True, seed=1)
+    for name, args in _bad_attention_args(b).items():
+        with pytest.raises(ValueError, match="slot attention"):
+            slot_attention_torch(*args)
+        assert torch.isnan(b.output).all(), name
+    with pytest.raises(ValueError, match="num_actual_tokens"):
+        slot_attention_torch(*b.args(), num_actual_tokens=b.query.shape[0] + 1)
+    for args in _bad_write_args().values():
+        with pytest.raises(ValueError, match="write_kv"):
+            write_kv(*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# (2) Triton vs torch (interpreter on CPU, real kernels on CUDA)
+
+
+@pytest.fixture(scope="module")
+def triton_attention():
+    pytest.importorskip("triton")
+    from proxima.engine.attention import triton_attention as module
+
+    if DEVICE == "cpu" and not module._interpreting():
+        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set; run this module on its own")
+    return module
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (8, 1), (2, 2)], ids=["gqa4:2", "gqa8:1", "mha"])
+@pytest.mark.parametrize("fragmented", [True, False], ids=["fragmented", "contiguous"])
+def test_triton_matches_torch(triton_attention, heads: tuple[int, int], fragmented: bool) -> None:
+    b = make_batch(MIXED, *heads, 32, fragmented=fragmented, seed=sum(heads) + fragmented)
+    expected = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))))
+    out = triton_attention.slot_attention_triton(*b.args())
+    assert out is b.output
+    assert_rows(out, expected.cpu(), int(b.query_start_loc[-1]), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["decodes", "prefills", "head-size-48", "group-3", "interleaved-kv", "num-actual-tokens", "bf16"],
+)
+def test_triton_edge_cases_match_torch(triton_attention, case: str) -> None:
+    requests = {"decodes": DECODES, "prefills": PREFILLS}.get(case, MIXED)
+    heads = (6, 2) if case == "group-3" else (4, 2)  # group 3 leaves spare rows in a 16-row tile
+    head_size = 48 if case == "head-size-48" else 32  # 48 is padded to 64 inside the kernel
+    dtype = torch.bfloat16 if case == "bf16" else torch.float32
+    b = make_batch(requests, *heads, head_size, fragmented=True, seed=len(case), dtype=dtype,
+                   interleaved=case == "interleaved-kv")
+    limit = int(b.query_start_loc[-1]) - 3 if case == "num-actual-tokens" else None
+    expected = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))), num_actual_tokens=limit)
+    triton_attention.slot_attention_triton(*b.args(), num_actual_tokens=limit)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+    assert_rows(b.output.float(), expected.float().cpu(), limit or int(b.query_start_loc[-1]), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["split-kv-buffer", "interleaved-kv"])
+def test_write_kv_triton_places_rows_and_skips_padding(triton_attention, interleaved: bool) -> None:
+    _check_written(triton_attention.write_kv_triton, 12, interleaved, torch.int32)
+
+
+def test_triton_launchers_reject_bad_arguments(triton_attention) -> None:
+    b = make_batch(MIXED, 4, 2, 32, fragmented=True, seed=1)
+    bad = _bad_attention_args(b)
+    q, k, v, table, qsl, seq_lens, scale, out = b.args()
+    wide = torch.randn(q.shape[0], 4, 64, device=DEVICE)
+    bad["query-d-stride"] = (wide[..., ::2], k, v, table, qsl, seq_lens, scale, out)
+    bad["table-column-stride"] = (q, k, v, table.t().contiguous().t(), qsl, seq_lens, scale, out)
+    for name, args in bad.items():
+        with pytest.raises(ValueError, match="slot"):
+            triton_attention.slot_attention_triton(*args)
+        assert torch.isnan(b.output).all(), name
+    for args in _bad_write_args().values():
+        with pytest.raises(ValueError, match="write_kv"):
+            triton_attention.write_kv_triton(*args)
