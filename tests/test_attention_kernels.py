@@ -23,6 +23,10 @@ from proxima.engine.attention import reference  # noqa: E402
 from proxima.engine.attention.reference import slot_attention_torch, write_kv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter's own use of numpy (tensor-as-index) warns on every program; not ours to fix.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+)
 GARBAGE_SLOT = 1 << 29  # out of range on purpose: any read of an entry past seq_len would fault
 
 # (q_len, seq_len) per request: decodes, a full prefill, chunked prefills that start after cached

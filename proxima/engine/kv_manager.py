@@ -30,7 +30,8 @@ from vllm.v1.request import Request, RequestStatus
 from proxima.engine.slot_allocator import SlotAllocator
 from proxima.engine.slot_table import RequestSlotTable
 
-logger = logging.getLogger(__name__)
+# Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 # Test-only fault injection: leak this many slots of every freed request (doctor's leak probe).
 FAULT_LEAK_ENV = "PROXIMA_FAULT_LEAK_SLOTS"

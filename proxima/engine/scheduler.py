@@ -28,7 +28,8 @@ from proxima.engine.settings import ProximaConfigError, ProximaSettings
 from proxima.metrics import catalog
 from proxima.metrics.prometheus import PrometheusKVExporter
 
-logger = logging.getLogger(__name__)
+# Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 # Occupancy map and largest free run scan every slot: refresh them at most this often.
 SLOW_STATS_INTERVAL_S = 0.5
@@ -85,6 +86,7 @@ class ProximaScheduler(Scheduler):
         self._slow_stats_at = 0.0
         self._occupancy: tuple[float, ...] = ()
         self._largest_free_run = 0
+        self._stock_cached_slots = 0
         self.last_kv_stats: kv_stats.KVStats | None = None
         logger.info(
             "Proxima: allocator=%s slots=%d kv_bytes_per_token=%d kv_cache_bytes=%d",
@@ -121,12 +123,17 @@ class ProximaScheduler(Scheduler):
             in_use = lambda: mgr.allocator.in_use  # noqa: E731
             num_requests = len(mgr.table)
         else:
-            total, used, cached, in_use, num_requests = self._stock_block_state()
+            total, used, in_use, num_requests = self._stock_block_state()
+            cached = self._stock_cached_slots
         now = time.monotonic()
-        if now - self._slow_stats_at >= SLOW_STATS_INTERVAL_S:
+        # Always refresh on an idle step: it is the last publish before the engine sleeps.
+        if not self.running or now - self._slow_stats_at >= SLOW_STATS_INTERVAL_S:
             occupied = in_use()
             self._occupancy = kv_stats.downsample_occupancy(occupied, catalog.OCCUPANCY_SEGMENTS)
             self._largest_free_run = kv_stats.largest_free_run(occupied)
+            if not isinstance(mgr, SlotKVCacheManager):
+                self._stock_cached_slots = self._count_stock_cached_slots()
+                cached = self._stock_cached_slots
             self._slow_stats_at = now
         return kv_stats.KVStats(
             allocator=self.proxima_allocator,
@@ -156,10 +163,16 @@ class ProximaScheduler(Scheduler):
                                     count=num_blocks)
             return np.repeat(per_block, b)
 
-        cached_free = 0
-        if self.kv_cache_manager.enable_caching:
-            cached_free = sum(1 for blk in pool.blocks[1:] if blk.ref_cnt == 0 and blk.block_hash is not None)
-        return num_blocks * b, used_blocks * b, cached_free * b, in_use, num_requests
+        return num_blocks * b, used_blocks * b, in_use, num_requests
+
+    def _count_stock_cached_slots(self) -> int:
+        """Free blocks that still hold a prefix-cache entry (reusable without recompute)."""
+        if not self.kv_cache_manager.enable_caching:
+            return 0
+        pool = self.kv_cache_manager.block_pool
+        return self.block_size * sum(
+            1 for blk in pool.blocks[1:] if blk.ref_cnt == 0 and blk.block_hash is not None
+        )
 
 
 class ProximaAsyncScheduler(ProximaScheduler, AsyncScheduler):

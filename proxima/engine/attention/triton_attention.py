@@ -26,8 +26,11 @@ of two wastes nothing). Storage must be fp16, bf16 or fp32 with unit stride alon
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import triton
 import triton.language as tl
+import torch
 from torch import Tensor
 
 from proxima.engine.attention.reference import (
@@ -37,11 +40,30 @@ from proxima.engine.attention.reference import (
 )
 
 _LOG2_E = 1.4426950408889634
-# K/V token positions per tile. 32 keeps the register tile small for D=128 on Hopper while
-# amortising the slot-table load; a tuned decode variant may pick differently.
-_BLOCK_N = 32
-# Rows (query tokens x heads of one GQA group) per program; tl.dot needs >= 16.
-_MIN_BLOCK_M = 16
+
+
+@dataclass(frozen=True, slots=True)
+class TileConfig:
+    """Launch shape of ``_slot_attention_kernel``."""
+
+    block_m: int  # rows per program: BLOCK_Q query tokens x the GQA group of one KV head (>= 16)
+    block_n: int  # KV token positions per tile (>= 16: tl.dot's minimum)
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def choose_tiles(num_tokens: int, num_requests: int, group: int, head_size_pad: int) -> TileConfig:
+    """Tile shape from shapes alone (no device reads).
+
+    Measured on an H200 (bf16, Hq=32, Hkv=8, D=128): 64x64 tiles ran a 4096-token prefill 3.3x
+    and a decode+prefill mix 2.1x faster than 16x32; on decode-only batches 16-row tiles were
+    ~12% faster than 64-row ones (a decode fills only GROUP rows, the rest is wasted MMA work).
+    """
+    decode_only = num_tokens <= 2 * num_requests  # room for cudagraph padding rows
+    rows = 16 if decode_only else 64
+    # Wider heads: fewer pipeline stages keep K/V tiles within shared memory.
+    num_stages = 3 if head_size_pad <= 128 else 2
+    return TileConfig(block_m=max(rows, triton.next_power_of_2(group)), block_n=64, num_stages=num_stages)
 
 
 @triton.jit
@@ -107,7 +129,7 @@ def _attend_kv_tiles(
     k_head_ptr, v_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
     stride_k_s, stride_v_s, tile_start, tile_end,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Online softmax of q ([BLOCK_M, D]) over KV tiles [tile_start, tile_end); base-2 logits."""
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
@@ -119,7 +141,7 @@ def _attend_kv_tiles(
         slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
         k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + offs_d[:, None],
                     mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, BLOCK_N]
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, k.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
         visible = n_ok[None, :] & (offs_n[None, :] <= q_abs_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -130,7 +152,7 @@ def _attend_kv_tiles(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_d[None, :],
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -143,7 +165,7 @@ def _slot_attention_kernel(
     stride_k_s, stride_k_h, stride_v_s, stride_v_h, stride_table_r,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -165,7 +187,7 @@ def _slot_attention_kernel(
     row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len) & (token < num_actual_tokens)
     d_ok = offs_d < HEAD_SIZE
     q = tl.load(q_ptr + token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
     q_abs_pos = context + q_idx
 
     acc = tl.zeros([BLOCK_M, HEAD_SIZE_PAD], dtype=tl.float32)
@@ -178,7 +200,7 @@ def _slot_attention_kernel(
         q, acc, l_i, m_i,
         k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, slot_row_ptr, seq_len, q_abs_pos,
         qk_scale, stride_k_s, stride_v_s, 0, tl.cdiv(num_keys, BLOCK_N),
-        HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
     )
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :],
@@ -219,8 +241,9 @@ def slot_attention_triton(
     if num_requests == 0 or num_tokens == 0:
         return output
     group = num_query_heads // num_kv_heads
-    block_m = max(_MIN_BLOCK_M, triton.next_power_of_2(group))
-    block_q = block_m // group
+    head_size_pad = max(16, triton.next_power_of_2(head_size))
+    tiles = choose_tiles(num_tokens, num_requests, group, head_size_pad)
+    block_q = tiles.block_m // group
     # Request r's tiles start at query_start_loc[r] // block_q + r, and every tile index is below
     # query_start_loc[R] // block_q + R <= T // block_q + R: an upper bound from shapes alone.
     grid = (num_tokens // block_q + num_requests, num_kv_heads)
@@ -229,12 +252,24 @@ def slot_attention_triton(
         float(scale) * _LOG2_E, num_requests, num_tokens if num_actual_tokens is None else num_actual_tokens,
         query.stride(0), query.stride(1), output.stride(0), output.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), slot_table.stride(0),
-        HEAD_SIZE=head_size, HEAD_SIZE_PAD=max(16, triton.next_power_of_2(head_size)), GROUP=group,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
+        HEAD_SIZE=head_size, HEAD_SIZE_PAD=head_size_pad, GROUP=group,
+        BLOCK_Q=block_q, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, DOT_DTYPE=_dot_dtype(query.dtype),
         # fp32 storage would otherwise be multiplied in TF32 on NVIDIA GPUs (10-bit mantissa).
         DOT_PRECISION="ieee" if query.dtype.itemsize == 4 else "tf32",
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return output
+
+
+def _dot_dtype(storage: torch.dtype) -> tl.dtype:
+    """Operand dtype of the tensor-core dots: the storage dtype, except bf16 under the interpreter.
+
+    The interpreter keeps bf16 as uint16 and its tl.dot multiplies the raw bit patterns
+    (triton-lang/triton#11584, unsupported upstream), so there bf16 operands are widened to fp32.
+    """
+    if storage == torch.bfloat16:
+        return tl.float32 if _interpreting() else tl.bfloat16
+    return tl.float16 if storage == torch.float16 else tl.float32
 
 
 def _interpreting() -> bool:

@@ -1,0 +1,3 @@
+from proxima.cli.main import app
+
+app()

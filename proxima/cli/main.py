@@ -1,0 +1,33 @@
+"""`proxima` command line: one module per subcommand; this file only wires them together.
+
+The CLI parses and renders; the work lives in the engine, scrape, probes, bench and tui layers.
+Heavy imports (vLLM, torch, textual) happen inside each command, so `proxima --help` is instant.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from proxima.cli import bench, demo, doctor, model, serve, top
+
+app = typer.Typer(
+    name="proxima",
+    help="Token-granular KV cache for vLLM, and the tools to watch and judge it.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.command(
+    "serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="Run vLLM's OpenAI-compatible server with Proxima (vLLM flags pass through).",
+)(serve.serve)
+app.add_typer(model.app, name="model", help="Build models for demos and tests.")
+app.command("demo", help="Build the tiny model, serve it with Proxima, drive traffic, show the KV cache.")(
+    demo.demo
+)
+app.command("top", help="Live terminal dashboard of KV memory and serving health.")(top.top)
+app.command("doctor", help="Diagnose a live deployment: OOM, leak, determinism, bottleneck.")(doctor.doctor)
+app.command("bench", help="A/B load test: stock vLLM against Proxima.")(bench.bench)
+
+if __name__ == "__main__":  # python -m proxima.cli.main (what the launcher runs)
+    app()

@@ -1,0 +1,36 @@
+"""`proxima serve MODEL [--proxima-allocator token|block] [vLLM flags...]`."""
+
+from __future__ import annotations
+
+import typer
+
+from proxima.cli.errors import fail
+
+
+def serve(
+    ctx: typer.Context,
+    model: str = typer.Argument(..., help="Model directory or name, as for `vllm serve`."),
+    proxima_allocator: str = typer.Option(
+        "token", "--proxima-allocator",
+        help="token: Proxima's per-token slots. block: stock vLLM allocation (A/B, rollback).",
+    ),
+    check_only: bool = typer.Option(False, "--check", help="Validate the configuration and exit."),
+) -> None:
+    from proxima.engine.launch import build_serve_command, preflight, run_server
+    from proxima.engine.settings import ProximaConfigError
+
+    try:
+        command = build_serve_command(model, proxima_allocator, list(ctx.args))
+        problems = preflight(command)
+    except ProximaConfigError as err:
+        fail(str(err))
+    except SystemExit as err:  # vLLM's argument parser rejected a flag (it printed why)
+        raise typer.Exit(2) from err
+    if problems:
+        fail("Proxima cannot serve this configuration:\n  - " + "\n  - ".join(problems))
+    for note in command.notes:
+        typer.echo(f"proxima: {note}", err=True)
+    if check_only:
+        typer.echo(f"proxima: configuration accepted ({proxima_allocator} allocator)")
+        return
+    raise typer.Exit(run_server(command))

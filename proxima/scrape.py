@@ -1,0 +1,281 @@
+"""The one scrape/snapshot layer: a server's `/metrics` (stock vLLM or Proxima) as typed snapshots.
+
+`top`, `doctor` and `bench` consume `ServerSnapshot`s and never parse exposition text
+themselves. A snapshot is immutable and taken at one instant; rates and windowed quantiles come
+from two snapshots (`rate`, `HistogramSnapshot.since`). Scraping never raises: a server that is
+down yields a snapshot with `ok=False` and the error, so a dashboard can show it and retry.
+
+Values are summed over vLLM's `engine` label (data parallel engines), except where a per-engine
+view is asked for with `engine=`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxima.metrics import catalog as c
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """Cumulative bucket counts (upper bound, count), as Prometheus exposes them."""
+
+    buckets: tuple[tuple[float, float], ...] = ()
+    count: float = 0.0
+    sum: float = 0.0
+
+    def since(self, older: HistogramSnapshot | None) -> HistogramSnapshot:
+        """Observations made between `older` and this snapshot (a server restart resets to self)."""
+        if older is None or older.count > self.count or len(older.buckets) != len(self.buckets):
+            return self
+        return HistogramSnapshot(
+            tuple((le, n - o) for (le, n), (_, o) in zip(self.buckets, older.buckets)),
+            self.count - older.count,
+            self.sum - older.sum,
+        )
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """Linear interpolation inside the bucket, as PromQL's histogram_quantile does."""
+        if not self.count or not self.buckets:
+            return None
+        rank = q * self.count
+        prev_le, prev_n = 0.0, 0.0
+        for le, n in self.buckets:
+            if n >= rank:
+                if math.isinf(le):
+                    return prev_le
+                width = n - prev_n
+                return prev_le + (le - prev_le) * ((rank - prev_n) / width if width else 0.0)
+            prev_le, prev_n = le, n
+        return prev_le
+
+
+@dataclass(frozen=True, slots=True)
+class KVSnapshot:
+    """Proxima's engine metrics (present only when the server runs Proxima's scheduler)."""
+
+    allocator: str
+    granularity: int
+    slots_total: float
+    slots_used: float
+    slots_free: float
+    slots_cached: float
+    live_tokens: float
+    token_usage: float
+    block_usage: float
+    fragmentation: float
+    block_fragmentation: float
+    occupancy: tuple[float, ...]
+    largest_free_run: float
+    bytes_per_token: float
+    cache_bytes: float
+    requests_holding_slots: float
+    preemptions_total: float
+    allocator_latency: dict[str, HistogramSnapshot] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSnapshot:
+    url: str
+    taken_at: float
+    ok: bool
+    error: str | None = None
+    model_name: str | None = None
+    engines: tuple[str, ...] = ()
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    preemptions_total: float = 0.0
+    prompt_tokens_total: float = 0.0
+    generation_tokens_total: float = 0.0
+    requests_finished_total: float = 0.0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    ttft: HistogramSnapshot = HistogramSnapshot()
+    itl: HistogramSnapshot = HistogramSnapshot()
+    e2e: HistogramSnapshot = HistogramSnapshot()
+    queue_time: HistogramSnapshot = HistogramSnapshot()
+    proxima: KVSnapshot | None = None
+
+    @property
+    def is_proxima(self) -> bool:
+        return self.proxima is not None
+
+
+def rate(newer: ServerSnapshot, older: ServerSnapshot | None, attr: str) -> float | None:
+    """Per-second increase of a counter field between two snapshots (None if undefined)."""
+    if older is None or not (newer.ok and older.ok):
+        return None
+    dt = newer.taken_at - older.taken_at
+    delta = getattr(newer, attr) - getattr(older, attr)
+    if dt <= 0 or delta < 0:
+        return None
+    return delta / dt
+
+
+class _Samples:
+    """Samples of one exposition, indexed by sample name, filtered by labels."""
+
+    def __init__(self, text: str) -> None:
+        self.by_name: dict[str, list] = defaultdict(list)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                self.by_name[sample.name].append(sample)
+
+    def total(self, name: str, engine: str | None = None, **labels: str) -> float | None:
+        found = [
+            s.value for s in self.by_name.get(name, ())
+            if (engine is None or s.labels.get("engine") == engine)
+            and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+        return float(sum(found)) if found else None
+
+    def labels_of(self, name: str) -> list[dict[str, str]]:
+        return [s.labels for s in self.by_name.get(name, ())]
+
+    def histogram(self, name: str, engine: str | None = None, **labels: str) -> HistogramSnapshot:
+        per_le: dict[float, float] = defaultdict(float)
+        for s in self.by_name.get(name + "_bucket", ()):
+            if (engine is None or s.labels.get("engine") == engine) and all(
+                s.labels.get(k) == v for k, v in labels.items()
+            ):
+                per_le[float(s.labels["le"])] += s.value
+        return HistogramSnapshot(
+            tuple(sorted(per_le.items())),
+            self.total(name + "_count", engine, **labels) or 0.0,
+            self.total(name + "_sum", engine, **labels) or 0.0,
+        )
+
+
+def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = None,
+                  engine: str | None = None) -> ServerSnapshot:
+    """Turn one `/metrics` exposition into a snapshot (summed over engines unless `engine`)."""
+    s = _Samples(text)
+    v = c.Vllm
+    info = s.labels_of(v.CACHE_CONFIG_INFO)
+    models = [lab.get("model_name") for lab in s.labels_of(v.RUNNING) if lab.get("model_name")]
+    engines = sorted({lab.get("engine", "") for lab in s.labels_of(v.RUNNING)} - {""})
+
+    def num(name: str) -> float:
+        return s.total(name, engine) or 0.0
+
+    kv_usage_values = [x.value for x in s.by_name.get(v.KV_USAGE, ())
+                       if engine is None or x.labels.get("engine") == engine]
+    return ServerSnapshot(
+        url=url,
+        taken_at=time.time() if taken_at is None else taken_at,
+        ok=True,
+        model_name=models[0] if models else None,
+        engines=tuple(engines),
+        running=num(v.RUNNING),
+        waiting=num(v.WAITING),
+        kv_usage=max(kv_usage_values) if kv_usage_values else 0.0,
+        preemptions_total=num(v.PREEMPTIONS),
+        prompt_tokens_total=num(v.PROMPT_TOKENS),
+        generation_tokens_total=num(v.GENERATION_TOKENS),
+        requests_finished_total=num(v.REQUEST_SUCCESS),
+        block_size=_int_label(info, "block_size"),
+        num_gpu_blocks=_int_label(info, "num_gpu_blocks"),
+        ttft=s.histogram(v.TTFT, engine),
+        itl=s.histogram(v.ITL, engine),
+        e2e=s.histogram(v.E2E, engine),
+        queue_time=s.histogram(v.QUEUE_TIME, engine),
+        proxima=_parse_proxima(s, engine),
+    )
+
+
+def _parse_proxima(s: _Samples, engine: str | None) -> KVSnapshot | None:
+    info = [lab for lab in s.labels_of(c.ALLOCATOR_INFO.name)
+            if engine is None or lab.get("engine") == engine]
+    if not info:
+        return None
+
+    def num(spec: c.MetricSpec) -> float:
+        return s.total(spec.sample_name, engine) or 0.0
+
+    segments: dict[int, list[float]] = defaultdict(list)
+    for sample in s.by_name.get(c.OCCUPANCY_MAP.name, ()):
+        if engine is None or sample.labels.get("engine") == engine:
+            segments[int(sample.labels["segment"])].append(sample.value)
+    occupancy = tuple(sum(vals) / len(vals) for _, vals in sorted(segments.items()))
+    used, total = num(c.SLOTS_USED), num(c.SLOTS_TOTAL)
+    live, block_slots = num(c.LIVE_TOKENS), num(c.BLOCK_USAGE) * total
+    return KVSnapshot(
+        allocator=info[0].get("allocator", "?"),
+        granularity=int(info[0].get("block_size", "1") or 1),
+        slots_total=total,
+        slots_used=used,
+        slots_free=num(c.SLOTS_FREE),
+        slots_cached=num(c.SLOTS_CACHED),
+        live_tokens=live,
+        token_usage=live / total if total else 0.0,
+        block_usage=num(c.BLOCK_USAGE) if engine is not None or len(info) == 1 else block_slots / total,
+        # Recomputed from summed counts so that several engines combine correctly.
+        fragmentation=max(0.0, (used - live) / used) if used else 0.0,
+        block_fragmentation=num(c.BLOCK_FRAGMENTATION) if len(info) == 1 else 0.0,
+        occupancy=occupancy,
+        largest_free_run=max((x.value for x in s.by_name.get(c.LARGEST_FREE_RUN.name, ())
+                              if engine is None or x.labels.get("engine") == engine), default=0.0),
+        bytes_per_token=max((x.value for x in s.by_name.get(c.BYTES_PER_TOKEN.name, ())), default=0.0),
+        cache_bytes=num(c.CACHE_BYTES),
+        requests_holding_slots=num(c.RUNNING_REQUESTS),
+        preemptions_total=num(c.PREEMPTIONS),
+        allocator_latency={
+            op: s.histogram(c.ALLOCATOR_LATENCY.name, engine, op=op) for op in c.ALLOCATOR_OPS
+        },
+    )
+
+
+def _int_label(rows: list[dict[str, str]], key: str) -> int | None:
+    for row in rows:
+        value = row.get(key)
+        if value not in (None, "", "None"):
+            try:
+                return int(float(value))
+            except ValueError:
+                return None
+    return None
+
+
+async def scrape(client: httpx.AsyncClient, url: str, timeout: float = 5.0,
+                 engine: str | None = None) -> ServerSnapshot:
+    """Fetch and parse `url`/metrics. Never raises: failures come back as `ok=False`."""
+    taken_at = time.time()
+    try:
+        response = await client.get(url.rstrip("/") + "/metrics", timeout=timeout)
+        response.raise_for_status()
+        return parse_metrics(response.text, url, taken_at, engine)
+    except (httpx.HTTPError, ValueError) as err:
+        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=_describe(err))
+
+
+def scrape_sync(url: str, timeout: float = 5.0, engine: str | None = None) -> ServerSnapshot:
+    taken_at = time.time()
+    try:
+        response = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout)
+        response.raise_for_status()
+        return parse_metrics(response.text, url, taken_at, engine)
+    except (httpx.HTTPError, ValueError) as err:
+        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=_describe(err))
+
+
+def _describe(err: Exception) -> str:
+    if isinstance(err, httpx.ConnectError):
+        return "connection refused (is the server running?)"
+    if isinstance(err, httpx.TimeoutException):
+        return "timed out"
+    if isinstance(err, httpx.HTTPStatusError):
+        return f"HTTP {err.response.status_code}"
+    return f"{type(err).__name__}: {err}"

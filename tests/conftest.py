@@ -1,0 +1,63 @@
+"""Shared fixtures: the tiny model and real vLLM servers (one per variant, for the session).
+
+Servers are real: `proxima serve` (token or block allocator) or plain vLLM (stock), on
+loopback, with the tiny model on CPU. Tests that need their own configuration start a
+`ManagedServer` themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from proxima.launcher import ManagedServer, ServerSpec
+
+# Float32 and eager mode: exact greedy comparisons between engines, and quick start-up on CPU.
+SERVER_ARGS = (
+    "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 << 20),
+    "--enforce-eager", "--max-num-seqs", "64",
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    given = os.environ.get("PROXIMA_TEST_MODEL")
+    if given and Path(given, "config.json").exists():
+        return given
+    from proxima.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
+
+
+@pytest.fixture(scope="session")
+def server_logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("server-logs")
+
+
+def _session_server(request, tiny_model: str, server_logs: Path, variant: str):
+    server = ManagedServer(
+        ServerSpec(model=tiny_model, variant=variant, args=SERVER_ARGS,
+                   log_path=server_logs / f"{variant}.log")
+    )
+    request.addfinalizer(server.stop)
+    return server.start()
+
+
+@pytest.fixture(scope="session")
+def proxima_server(request, tiny_model, server_logs) -> ManagedServer:
+    """`proxima serve` with the token allocator."""
+    return _session_server(request, tiny_model, server_logs, "token")
+
+
+@pytest.fixture(scope="session")
+def stock_server(request, tiny_model, server_logs) -> ManagedServer:
+    """Plain vLLM, no Proxima."""
+    return _session_server(request, tiny_model, server_logs, "stock")
+
+
+@pytest.fixture(scope="session")
+def block_server(request, tiny_model, server_logs) -> ManagedServer:
+    """`proxima serve --proxima-allocator block`: stock allocation with Proxima telemetry."""
+    return _session_server(request, tiny_model, server_logs, "block")
