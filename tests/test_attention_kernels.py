@@ -281,9 +281,18 @@ def triton_attention():
     return module
 
 
+@pytest.fixture(params=["default-tiles", "small-tiles"])
+def tiles(request, triton_attention, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Small tiles put several query tiles in one request and several KV tiles in one context."""
+    if request.param == "small-tiles":
+        small = triton_attention.TileConfig(block_m=16, block_n=16)
+        monkeypatch.setattr(triton_attention, "choose_tiles", lambda *args: small)
+    return request.param
+
+
 @pytest.mark.parametrize("heads", [(4, 2), (8, 1), (2, 2)], ids=["gqa4:2", "gqa8:1", "mha"])
 @pytest.mark.parametrize("fragmented", [True, False], ids=["fragmented", "contiguous"])
-def test_triton_matches_torch(triton_attention, heads: tuple[int, int], fragmented: bool) -> None:
+def test_triton_matches_torch(triton_attention, tiles: str, heads: tuple[int, int], fragmented: bool) -> None:
     b = make_batch(MIXED, *heads, 32, fragmented=fragmented, seed=sum(heads) + fragmented)
     expected = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))))
     out = triton_attention.slot_attention_triton(*b.args())
@@ -295,7 +304,7 @@ def test_triton_matches_torch(triton_attention, heads: tuple[int, int], fragment
     "case",
     ["decodes", "prefills", "head-size-48", "group-3", "interleaved-kv", "num-actual-tokens", "bf16"],
 )
-def test_triton_edge_cases_match_torch(triton_attention, case: str) -> None:
+def test_triton_edge_cases_match_torch(triton_attention, tiles: str, case: str) -> None:
     requests = {"decodes": DECODES, "prefills": PREFILLS}.get(case, MIXED)
     heads = (6, 2) if case == "group-3" else (4, 2)  # group 3 leaves spare rows in a 16-row tile
     head_size = 48 if case == "head-size-48" else 32  # 48 is padded to 64 inside the kernel

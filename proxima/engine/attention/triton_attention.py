@@ -9,7 +9,8 @@ decode):
 
 - grid = (query tiles, kv heads). A query tile is ``BLOCK_Q`` consecutive query tokens of one
   request times the ``GROUP = Hq // Hkv`` query heads that share one KV head, i.e.
-  ``BLOCK_M = BLOCK_Q * GROUP`` rows, so each K/V tile is loaded once per GQA group.
+  ``BLOCK_Q * GROUP`` rows (``BLOCK_M``, a power of two, >= that), so each K/V tile is loaded
+  once per GQA group. ``choose_tiles`` picks the sizes from shapes alone.
 - the tiles are flattened over all requests: request ``r`` owns tiles starting at
   ``query_start_loc[r] // BLOCK_Q + r``; a program finds its request by binary search. The grid
   is an upper bound computed from shapes alone, so launching never reads device memory on the
@@ -28,9 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import triton
 import triton.language as tl
-import torch
 from torch import Tensor
 
 from proxima.engine.attention.reference import (
@@ -40,6 +41,9 @@ from proxima.engine.attention.reference import (
 )
 
 _LOG2_E = 1.4426950408889634
+# Shared memory we let pipelined K/V tiles take (Hopper has 228 KiB per SM; leave headroom for
+# the Q tile and the compiler's own buffers).
+_KV_STAGE_BUDGET_BYTES = 160 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +56,7 @@ class TileConfig:
     num_stages: int = 3
 
 
-def choose_tiles(num_tokens: int, num_requests: int, group: int, head_size_pad: int) -> TileConfig:
+def choose_tiles(num_tokens: int, num_requests: int, group: int, head_size_pad: int, itemsize: int) -> TileConfig:
     """Tile shape from shapes alone (no device reads).
 
     Measured on an H200 (bf16, Hq=32, Hkv=8, D=128): 64x64 tiles ran a 4096-token prefill 3.3x
@@ -61,9 +65,17 @@ def choose_tiles(num_tokens: int, num_requests: int, group: int, head_size_pad: 
     """
     decode_only = num_tokens <= 2 * num_requests  # room for cudagraph padding rows
     rows = 16 if decode_only else 64
-    # Wider heads: fewer pipeline stages keep K/V tiles within shared memory.
-    num_stages = 3 if head_size_pad <= 128 else 2
-    return TileConfig(block_m=max(rows, triton.next_power_of_2(group)), block_n=64, num_stages=num_stages)
+    # Wide heads or fp32: drop a pipeline stage, then halve the KV tile, to fit shared memory.
+    block_n, num_stages = 64, 3
+
+    def stage_bytes() -> int:
+        return num_stages * 2 * block_n * head_size_pad * itemsize
+
+    if stage_bytes() > _KV_STAGE_BUDGET_BYTES:
+        num_stages = 2
+    while stage_bytes() > _KV_STAGE_BUDGET_BYTES and block_n > 16:
+        block_n //= 2
+    return TileConfig(block_m=max(rows, triton.next_power_of_2(group)), block_n=block_n, num_stages=num_stages)
 
 
 @triton.jit
@@ -242,7 +254,7 @@ def slot_attention_triton(
         return output
     group = num_query_heads // num_kv_heads
     head_size_pad = max(16, triton.next_power_of_2(head_size))
-    tiles = choose_tiles(num_tokens, num_requests, group, head_size_pad)
+    tiles = choose_tiles(num_tokens, num_requests, group, head_size_pad, query.dtype.itemsize)
     block_q = tiles.block_m // group
     # Request r's tiles start at query_start_loc[r] // block_q + r, and every tile index is below
     # query_start_loc[R] // block_q + R <= T // block_q + R: an upper bound from shapes alone.

@@ -1,0 +1,1 @@
+"""A/B load testing of vLLM servers (`proxima bench`)."""

@@ -1,0 +1,80 @@
+"""GPU readings through NVML (nvidia-ml-py), for `top`, `doctor` and `bench`.
+
+Never raises: no driver, no GPU or an NVML error yields an empty tuple or None fields, which the
+tools show as "N/A". One init per process, guarded, because nvmlInit is not free.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_state: dict[str, object] = {"ready": None}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    index: int
+    name: str
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    utilization_pct: float | None
+    power_watts: float | None
+
+    @property
+    def memory_fraction(self) -> float | None:
+        if self.memory_used_bytes is None or not self.memory_total_bytes:
+            return None
+        return self.memory_used_bytes / self.memory_total_bytes
+
+
+def _nvml():
+    with _lock:
+        if _state["ready"] is None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                _state["ready"] = pynvml
+            except Exception as err:  # any failure means "no GPU readings here", by design
+                logger.debug("NVML unavailable: %s", err)
+                _state["ready"] = False
+        return _state["ready"] or None
+
+
+def _read(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:  # a field the driver does not report stays None ("N/A")
+        return None
+
+
+def read_gpus() -> tuple[GpuSnapshot, ...]:
+    nvml = _nvml()
+    if nvml is None:
+        return ()
+    count = _read(nvml.nvmlDeviceGetCount) or 0
+    gpus = []
+    for i in range(count):
+        handle = _read(nvml.nvmlDeviceGetHandleByIndex, i)
+        if handle is None:
+            continue
+        name = _read(nvml.nvmlDeviceGetName, handle)
+        mem = _read(nvml.nvmlDeviceGetMemoryInfo, handle)
+        util = _read(nvml.nvmlDeviceGetUtilizationRates, handle)
+        power = _read(nvml.nvmlDeviceGetPowerUsage, handle)
+        gpus.append(
+            GpuSnapshot(
+                index=i,
+                name=name.decode() if isinstance(name, bytes) else str(name or "GPU"),
+                memory_used_bytes=int(mem.used) if mem is not None else None,
+                memory_total_bytes=int(mem.total) if mem is not None else None,
+                utilization_pct=float(util.gpu) if util is not None else None,
+                power_watts=power / 1000.0 if power is not None else None,
+            )
+        )
+    return tuple(gpus)
