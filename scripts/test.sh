@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up everything the tests need, then run them: the pinned venv (scripts/install.sh), the
+# Prometheus server and promtool (scripts/prometheus.sh), and the tiny model. Extra arguments go
+# to pytest (e.g. scripts/test.sh -k allocator).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install.sh
+if [[ -x scripts/prometheus.sh ]]; then
+  scripts/prometheus.sh
+fi
+export PROXIMA_TEST_MODEL=${PROXIMA_TEST_MODEL:-$PWD/.proxima/tiny-model}
+[[ -f $PROXIMA_TEST_MODEL/config.json ]] || .venv/bin/proxima model tiny "$PROXIMA_TEST_MODEL"
+exec .venv/bin/python -m pytest "$@"
