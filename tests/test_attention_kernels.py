@@ -61,19 +61,12 @@ def make_batch(
     fragmented: bool,
     seed: int,
     dtype: torch.dtype = torch.float32,
-    interleaved: bool = False,
+    layout: str = "split",
     pad_rows: int = 3,
 ) -> Batch:
     gen = torch.Generator().manual_seed(seed)
     num_slots = sum(s for _, s in requests) + 11  # spare slots hold unrelated data
-    # Both layouts are views into one buffer: [2, S, H, D] (vLLM's, contiguous halves) or
-    # [S, 2, H, D] (K and V interleaved, so each view strides over the other).
-    if interleaved:
-        buf = torch.randn(num_slots, 2, num_kv_heads, head_size, generator=gen).to(dtype)
-        k_cache, v_cache = buf[:, 0], buf[:, 1]
-    else:
-        buf = torch.randn(2, num_slots, num_kv_heads, head_size, generator=gen).to(dtype)
-        k_cache, v_cache = buf[0], buf[1]
+    k_cache, v_cache = kv_views(num_slots, num_kv_heads, head_size, layout, gen, dtype)
     order = torch.randperm(num_slots, generator=gen) if fragmented else torch.arange(num_slots)
     width = max(s for _, s in requests) + 5
     slot_table = torch.full((len(requests) + 2, width), GARBAGE_SLOT, dtype=torch.int32)
@@ -92,6 +85,26 @@ def make_batch(
         scale=1.0 / math.sqrt(head_size),
         output=torch.full_like(query, float("nan")).to(DEVICE),
     )
+
+
+KV_LAYOUTS = ["split", "slot-interleaved", "head-interleaved"]
+
+
+def kv_views(
+    num_slots: int, heads: int, head_size: int, layout: str, gen: torch.Generator, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V caches as views into one random buffer, in the layouts a backend may hand over:
+    split [2, S, H, D] (vLLM's), slot-interleaved [S, 2, H, D], and head-interleaved [S, H, 2D]
+    (K and V halves of each head's row, so the head stride is 2D)."""
+    if layout == "split":
+        buf = torch.randn(2, num_slots, heads, head_size, generator=gen).to(dtype)
+        return buf[0], buf[1]
+    if layout == "slot-interleaved":
+        buf = torch.randn(num_slots, 2, heads, head_size, generator=gen).to(dtype)
+        return buf[:, 0], buf[:, 1]
+    assert layout == "head-interleaved", layout
+    buf = torch.randn(num_slots, heads, 2 * head_size, generator=gen).to(dtype)
+    return buf[..., :head_size], buf[..., head_size:]
 
 
 def naive_attention(b: Batch) -> torch.Tensor:
@@ -116,7 +129,9 @@ def naive_attention(b: Batch) -> torch.Tensor:
     return out
 
 
-def assert_rows(out: torch.Tensor, expected: torch.Tensor, num_written: int, atol: float, rtol: float) -> None:
+def assert_rows(
+    out: torch.Tensor, expected: torch.Tensor, num_written: int, atol: float, rtol: float
+) -> None:
     """Rows below num_written match; every row from num_written on is still NaN (untouched)."""
     out = out.cpu()
     assert torch.isfinite(out[:num_written]).all()
@@ -133,7 +148,8 @@ def assert_rows(out: torch.Tensor, expected: torch.Tensor, num_written: int, ato
 @pytest.mark.parametrize("head_size", [32, 64])
 @pytest.mark.parametrize("fragmented", [True, False], ids=["fragmented", "contiguous"])
 def test_torch_mixed_batch_matches_float64(heads: tuple[int, int], head_size: int, fragmented: bool) -> None:
-    b = make_batch(MIXED, *heads, head_size, fragmented=fragmented, seed=hash((heads, head_size, fragmented)) % 1000)
+    seed = heads[0] * 100 + head_size + fragmented
+    b = make_batch(MIXED, *heads, head_size, fragmented=fragmented, seed=seed)
     out = slot_attention_torch(*b.args())
     assert out is b.output
     assert_rows(out, naive_attention(b), int(b.query_start_loc[-1]), atol=1e-4, rtol=1e-4)
@@ -141,9 +157,9 @@ def test_torch_mixed_batch_matches_float64(heads: tuple[int, int], head_size: in
 
 @pytest.mark.parametrize("requests", [DECODES, PREFILLS, [(1, 5)], [(6, 6)]],
                          ids=["decodes", "prefills", "one-decode", "one-prefill"])
-@pytest.mark.parametrize("interleaved", [False, True], ids=["split-kv-buffer", "interleaved-kv"])
-def test_torch_batch_shapes_match_float64(requests: list[tuple[int, int]], interleaved: bool) -> None:
-    b = make_batch(requests, 8, 2, 32, fragmented=True, seed=len(requests), interleaved=interleaved)
+@pytest.mark.parametrize("layout", KV_LAYOUTS)
+def test_torch_batch_shapes_match_float64(requests: list[tuple[int, int]], layout: str) -> None:
+    b = make_batch(requests, 8, 2, 32, fragmented=True, seed=len(requests), layout=layout)
     slot_attention_torch(*b.args())
     assert_rows(b.output, naive_attention(b), int(b.query_start_loc[-1]), atol=1e-4, rtol=1e-4)
 
@@ -183,21 +199,20 @@ def test_torch_rejects_inconsistent_metadata() -> None:
 # (3) write_kv
 
 
-def _write_case(seed: int, interleaved: bool, index_dtype: torch.dtype):
+def _write_case(seed: int, layout: str, index_dtype: torch.dtype):
     gen = torch.Generator().manual_seed(seed)
     num_slots, heads, head_size = 40, 2, 32
-    shape = (num_slots, 2, heads, head_size) if interleaved else (2, num_slots, heads, head_size)
-    buf = torch.randn(*shape, generator=gen).to(DEVICE)
-    k_cache, v_cache = (buf[:, 0], buf[:, 1]) if interleaved else (buf[0], buf[1])
-    key = torch.randn(9, heads, head_size, generator=gen).to(DEVICE)  # 2 trailing padding rows
-    value = torch.randn(9, heads, head_size, generator=gen).to(DEVICE)
+    views = kv_views(num_slots, heads, head_size, layout, gen, torch.float32)
+    k_cache, v_cache = (t.to(DEVICE) for t in views)
+    # Strided sources, as when key/value are slices of a fused QKV projection; 2 padding rows.
+    key, value = torch.randn(9, heads, 3 * head_size, generator=gen).to(DEVICE).split(head_size, dim=2)[:2]
     slots = torch.randperm(num_slots, generator=gen)[:7]
     slots[[1, 4]] = -1  # padding tokens
     return key, value, k_cache, v_cache, slots.to(index_dtype).to(DEVICE)
 
 
-def _check_written(writer, seed: int, interleaved: bool, index_dtype: torch.dtype) -> None:
-    key, value, k_cache, v_cache, slot_mapping = _write_case(seed, interleaved, index_dtype)
+def _check_written(writer, seed: int, layout: str, index_dtype: torch.dtype) -> None:
+    key, value, k_cache, v_cache, slot_mapping = _write_case(seed, layout, index_dtype)
     k_before, v_before = k_cache.clone(), v_cache.clone()
     writer(key, value, k_cache, v_cache, slot_mapping)
     k_expect, v_expect = k_before.clone(), v_before.clone()
@@ -208,14 +223,14 @@ def _check_written(writer, seed: int, interleaved: bool, index_dtype: torch.dtyp
     assert torch.equal(v_cache, v_expect)
 
 
-@pytest.mark.parametrize("interleaved", [False, True], ids=["split-kv-buffer", "interleaved-kv"])
+@pytest.mark.parametrize("layout", KV_LAYOUTS)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_write_kv_places_rows_and_skips_padding(interleaved: bool, index_dtype: torch.dtype) -> None:
-    _check_written(write_kv, 11, interleaved, index_dtype)
+def test_write_kv_places_rows_and_skips_padding(layout: str, index_dtype: torch.dtype) -> None:
+    _check_written(write_kv, 11, layout, index_dtype)
 
 
 def test_write_kv_rejects_out_of_range_slot() -> None:
-    key, value, k_cache, v_cache, slot_mapping = _write_case(1, False, torch.int64)
+    key, value, k_cache, v_cache, slot_mapping = _write_case(1, "split", torch.int64)
     slot_mapping[0] = k_cache.shape[0]
     with pytest.raises(ValueError, match="out of range"):
         write_kv(key, value, k_cache, v_cache, slot_mapping)
@@ -244,7 +259,7 @@ def _bad_attention_args(b: Batch) -> dict[str, tuple]:
 
 
 def _bad_write_args() -> dict[str, tuple]:
-    key, value, k_cache, v_cache, slots = _write_case(2, False, torch.int32)
+    key, value, k_cache, v_cache, slots = _write_case(2, "split", torch.int32)
     return {
         "value-shape": (key, value[:, :1], k_cache, v_cache, slots),
         "key-heads": (key[:, :1], value[:, :1], k_cache, v_cache, slots),
@@ -302,7 +317,8 @@ def test_triton_matches_torch(triton_attention, tiles: str, heads: tuple[int, in
 
 @pytest.mark.parametrize(
     "case",
-    ["decodes", "prefills", "head-size-48", "group-3", "interleaved-kv", "num-actual-tokens", "bf16"],
+    ["decodes", "prefills", "head-size-48", "group-3", "slot-interleaved", "head-interleaved",
+     "num-actual-tokens", "bf16", "int64-metadata", "hints", "stale-hint"],
 )
 def test_triton_edge_cases_match_torch(triton_attention, tiles: str, case: str) -> None:
     requests = {"decodes": DECODES, "prefills": PREFILLS}.get(case, MIXED)
@@ -310,17 +326,26 @@ def test_triton_edge_cases_match_torch(triton_attention, tiles: str, case: str) 
     head_size = 48 if case == "head-size-48" else 32  # 48 is padded to 64 inside the kernel
     dtype = torch.bfloat16 if case == "bf16" else torch.float32
     b = make_batch(requests, *heads, head_size, fragmented=True, seed=len(case), dtype=dtype,
-                   interleaved=case == "interleaved-kv")
+                   layout=case if case in KV_LAYOUTS else "split")
+    if case == "int64-metadata":
+        b.slot_table, b.query_start_loc = b.slot_table.long(), b.query_start_loc.long()
+        b.seq_lens = b.seq_lens.long()
     limit = int(b.query_start_loc[-1]) - 3 if case == "num-actual-tokens" else None
-    expected = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))), num_actual_tokens=limit)
-    triton_attention.slot_attention_triton(*b.args(), num_actual_tokens=limit)
+    expected = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))), num_actual_tokens=limit,
+                                    max_query_len=7, max_seq_len=7)  # ignored by the torch path
+    q_lens = b.query_start_loc[1:] - b.query_start_loc[:-1]
+    # Hints only pick tiles: an exact one, and a stale one claiming a decode-only batch.
+    hints = {"hints": dict(max_query_len=int(q_lens.max()), max_seq_len=int(b.seq_lens.max())),
+             "stale-hint": dict(max_query_len=1, max_seq_len=1)}.get(case, {})
+    triton_attention.slot_attention_triton(*b.args(), num_actual_tokens=limit, **hints)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
-    assert_rows(b.output.float(), expected.float().cpu(), limit or int(b.query_start_loc[-1]), atol=tol, rtol=tol)
+    num_written = limit or int(b.query_start_loc[-1])
+    assert_rows(b.output.float(), expected.float().cpu(), num_written, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("interleaved", [False, True], ids=["split-kv-buffer", "interleaved-kv"])
-def test_write_kv_triton_places_rows_and_skips_padding(triton_attention, interleaved: bool) -> None:
-    _check_written(triton_attention.write_kv_triton, 12, interleaved, torch.int32)
+@pytest.mark.parametrize("layout", KV_LAYOUTS)
+def test_write_kv_triton_places_rows_and_skips_padding(triton_attention, layout: str) -> None:
+    _check_written(triton_attention.write_kv_triton, 12, layout, torch.int32)
 
 
 def test_triton_launchers_reject_bad_arguments(triton_attention) -> None:

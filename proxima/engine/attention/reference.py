@@ -65,7 +65,8 @@ def check_write_kv_args(
     _require(slot_mapping.shape[0] <= key.shape[0],
              f"write_kv: slot_mapping has {slot_mapping.shape[0]} entries but key only {key.shape[0]} rows")
     devices = {t.device for t in (key, value, k_cache, v_cache, slot_mapping)}
-    _require(len(devices) == 1, f"write_kv: all tensors must be on one device, got {sorted(map(str, devices))}")
+    _require(len(devices) == 1,
+             f"write_kv: all tensors must be on one device, got {sorted(map(str, devices))}")
 
 
 def check_attention_args(
@@ -80,7 +81,8 @@ def check_attention_args(
 ) -> None:
     """Shape/dtype contract of slot attention (no value checks: those would sync a GPU)."""
     _require(query.dim() == 3, f"slot attention: query must be [T, Hq, D], got shape {tuple(query.shape)}")
-    _require(query.dtype in _VALUE_DTYPES, f"slot attention: query dtype {query.dtype} not in {_VALUE_DTYPES}")
+    _require(query.dtype in _VALUE_DTYPES,
+             f"slot attention: query dtype {query.dtype} not in {_VALUE_DTYPES}")
     _require(output.shape == query.shape,
              f"slot attention: output shape {tuple(output.shape)} != query shape {tuple(query.shape)}")
     _require(output.dtype == query.dtype,
@@ -113,10 +115,12 @@ def check_attention_args(
              f"slot attention: slot_table has {slot_table.shape[0]} rows, fewer than R={num_requests}")
     if num_actual_tokens is not None:
         _require(isinstance(num_actual_tokens, int) and 0 <= num_actual_tokens <= query.shape[0],
-                 f"slot attention: num_actual_tokens={num_actual_tokens!r} must be an int in [0, {query.shape[0]}]")
+                 f"slot attention: num_actual_tokens={num_actual_tokens!r} must be an int in "
+                 f"[0, {query.shape[0]}]")
     tensors = (query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output)
     devices = {t.device for t in tensors}
-    _require(len(devices) == 1, f"slot attention: all tensors must be on one device, got {sorted(map(str, devices))}")
+    _require(len(devices) == 1,
+             f"slot attention: all tensors must be on one device, got {sorted(map(str, devices))}")
 
 
 def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -154,11 +158,17 @@ def slot_attention_torch(
     scale: float,
     output: Tensor,
     num_actual_tokens: int | None = None,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
 ) -> Tensor:
     """Causal attention of each request's new queries over its slots; writes ``output`` in place.
 
-    See the module docstring for the contract. Returns ``output``.
+    See the module docstring for the contract. Returns ``output``. ``max_query_len`` and
+    ``max_seq_len`` are tiling hints for the Triton launcher, accepted here so the two share one
+    signature; this path reads the metadata on the host and ignores them.
     """
+    del max_query_len, max_seq_len
     check_attention_args(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output,
                          num_actual_tokens)
     num_requests = query_start_loc.shape[0] - 1
