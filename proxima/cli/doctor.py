@@ -1,9 +1,108 @@
-"""`proxima doctor` (placeholder until its issue lands)."""
+"""`proxima doctor [URL] [--checks a,b] [--json] [--window S] [--compare URL]`.
+
+Parses, runs `proxima.probes.runner`, renders: a table of checks, then each check's evidence,
+advice and runbook (or one JSON document with `--json`). Progress goes to stderr. Exit codes:
+0 all ok, 1 warnings, 2 failures (or a usage error), 3 could not run (server unreachable).
+Load the probes start is cancelled before the command returns, Ctrl-C included.
+"""
 
 from __future__ import annotations
 
+import typer
+
 from proxima.cli.errors import fail
 
+_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "magenta"}
 
-def doctor() -> None:
-    fail("`proxima doctor` is not built yet")
+
+def doctor(
+    url: str = typer.Argument(None, help="Server to diagnose, Proxima or stock vLLM [default: http://127.0.0.1:8000]."),
+    checks: str = typer.Option(None, "--checks", help="Comma-separated checks to run (default: all; a wrong "
+                               "name lists them)."),
+    json_output: bool = typer.Option(False, "--json", help="One JSON report on stdout, for machines."),
+    window: float = typer.Option(10.0, "--window", min=1.0, help="Seconds the sampling checks (leak, "
+                                 "bottleneck, adoption) watch; long windows judge memory trends."),
+    compare: str = typer.Option(None, "--compare", help="A second server: determinism compares its outputs "
+                                "token by token."),
+    typical_tokens: int = typer.Option(None, "--typical-tokens", min=1, help="Prompt + generation tokens of a "
+                                       "typical request (default: observed on the server)."),
+    max_num_seqs: int = typer.Option(None, "--max-num-seqs", min=1, help="The server's --max-num-seqs "
+                                     "(vLLM does not export it), for oom_risk."),
+) -> None:
+    import asyncio
+
+    from proxima.probes.base import DoctorOptions
+    from proxima.probes.runner import DESCRIPTIONS, parse_checks, run_doctor
+    from proxima.scrape import DEFAULT_URL
+
+    url = url or DEFAULT_URL
+    for name, value in (("URL", url), ("--compare", compare)):
+        if value is not None and not value.startswith(("http://", "https://")):
+            fail(f"{name} {value!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000)")
+    try:
+        selected = parse_checks(checks)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--checks") from None
+    options = DoctorOptions(window_s=window, compare_url=compare, typical_tokens=typical_tokens,
+                            max_num_seqs=max_num_seqs)
+
+    from rich.console import Console
+
+    err_console = Console(stderr=True)
+    with err_console.status(f"proxima doctor: connecting to {url}") as status:
+        def progress(name: str, index: int, total: int) -> None:
+            status.update(f"proxima doctor [{index + 1}/{total}] {name}: {DESCRIPTIONS[name]}")
+
+        try:
+            report = asyncio.run(run_doctor(url, selected, options, progress))
+        except KeyboardInterrupt:
+            err_console.print("proxima doctor: interrupted; all load stopped")
+            raise typer.Exit(130) from None
+
+    if json_output:
+        import json
+
+        typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
+    if report.server_error is not None:
+        fail(f"cannot reach {report.url}: {report.server_error}; start the server or pass its URL", code=3)
+    if not json_output:
+        render(report, Console())
+    raise typer.Exit(report.exit_code)
+
+
+def _value(value: object) -> str:
+    if isinstance(value, float):
+        if value == int(value) and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:.4g}"
+    return "N/A" if value is None else str(value)
+
+
+def render(report, console) -> None:
+    """The human report: a table of checks, then each check's evidence, advice and runbook."""
+    from rich.table import Table
+
+    title = f"Proxima doctor: {report.url}" + (f"  model {report.model}" if report.model else "")
+    table = Table(title=title, title_justify="left", show_lines=False)
+    table.add_column("check", style="bold")
+    table.add_column("status")
+    table.add_column("summary", overflow="fold")
+    for r in report.results:
+        style = _STYLE[r.status.value]
+        table.add_row(r.check, f"[{style}]{r.status.value.upper()}[/]", r.summary)
+    console.print(table)
+    for r in report.results:
+        style = _STYLE[r.status.value]
+        console.rule(f"[{style}]{r.check}: {r.status.value.upper()}[/]", align="left")
+        console.print(r.summary, markup=False)
+        width = max((len(k) for k in r.evidence), default=0)
+        for key, value in r.evidence.items():
+            console.print(f"  {key:<{width}}  {_value(value)}", markup=False, highlight=False)
+        for line in r.advice:
+            console.print(f"  -> {line}", markup=False, highlight=False)
+        if r.runbook:
+            console.print(f"  runbook: {r.runbook}", markup=False, highlight=False)
+    counts = {s: sum(1 for r in report.results if r.status.value == s) for s in _STYLE}
+    console.print(
+        f"\n{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail, {counts['skip']} skip, "
+        f"{counts['error']} error; exit code {report.exit_code}", highlight=False)

@@ -14,13 +14,18 @@ def serve(
         "token", "--proxima-allocator",
         help="token: Proxima's per-token slots. block: stock vLLM allocation (A/B, rollback).",
     ),
+    otlp_metrics_endpoint: str = typer.Option(
+        None, "--otlp-metrics-endpoint",
+        help="Also export Proxima's KV metrics and per-request KV spans over OTLP/HTTP to this URL.",
+    ),
     check_only: bool = typer.Option(False, "--check", help="Validate the configuration and exit."),
 ) -> None:
     from proxima.engine.launch import build_serve_command, preflight, run_server
     from proxima.engine.settings import ProximaConfigError
 
     try:
-        command = build_serve_command(model, proxima_allocator, list(ctx.args))
+        command = build_serve_command(model, proxima_allocator, list(ctx.args),
+                                      otlp_endpoint=otlp_metrics_endpoint)
         problems = preflight(command)
     except ProximaConfigError as err:
         fail(str(err))

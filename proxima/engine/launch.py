@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from proxima.engine.settings import ALLOCATOR_ENV, ALLOCATORS, ProximaConfigError
+from proxima.metrics.otel_env import ENDPOINT_ENV as OTLP_ENDPOINT_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def _has_flag(args: list[str], flag: str) -> bool:
 
 
 def build_serve_command(model: str, allocator: str, vllm_args: list[str],
-                        cuda: bool | None = None) -> ServeCommand:
+                        cuda: bool | None = None, otlp_endpoint: str | None = None) -> ServeCommand:
     if allocator not in ALLOCATORS:
         raise ProximaConfigError(
             f"--proxima-allocator {allocator!r}: choose one of {', '.join(ALLOCATORS)}"
@@ -65,7 +66,14 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
             args += ["--attention-backend", "CUSTOM"]
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args,
             "--scheduler-cls", SCHEDULER_CLS]
-    return ServeCommand(argv=argv, env={ALLOCATOR_ENV: allocator}, notes=notes)
+    env = {ALLOCATOR_ENV: allocator}
+    if otlp_endpoint:
+        if not otlp_endpoint.startswith(("http://", "https://")):
+            raise ProximaConfigError(
+                f"--otlp-metrics-endpoint {otlp_endpoint!r}: give an http(s) URL, e.g. http://127.0.0.1:4318"
+            )
+        env[OTLP_ENDPOINT_ENV] = otlp_endpoint
+    return ServeCommand(argv=argv, env=env, notes=notes)
 
 
 def _cuda_available() -> bool:

@@ -25,6 +25,7 @@ from proxima.engine import kv_stats
 from proxima.engine.compat import unsupported_options
 from proxima.engine.kv_manager import SlotKVCacheManager
 from proxima.engine.settings import ProximaConfigError, ProximaSettings
+from proxima.metrics.otel_env import RequestKVFacts, otlp_endpoint_from_env
 from proxima.metrics import catalog
 from proxima.metrics.prometheus import PrometheusKVExporter
 
@@ -75,12 +76,23 @@ class ProximaScheduler(Scheduler):
 
         engine = str(vllm_config.parallel_config.data_parallel_rank)
         self.kv_exporter = PrometheusKVExporter(CollectorRegistry(), engine=engine)
+        self.kv_sinks: list = [self.kv_exporter]
+        self.otel_exporter = None
+        endpoint = otlp_endpoint_from_env()
+        if endpoint is not None:
+            from proxima.metrics.otel import OtelKVExporter
+
+            self.otel_exporter = OtelKVExporter(endpoint, engine=engine)
+            self.kv_sinks.append(self.otel_exporter)
+        # Slots each live request has held at most (kept across preemptions), for request spans.
+        self._kv_peak: dict[str, int] = {}
         self._granularity = 1 if settings.token_slots else self.block_size
         spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         num_layers = len(kv_cache_config.kv_cache_groups[0].layer_names)
         bytes_per_token = spec.page_size_bytes * num_layers // spec.block_size
         cache_bytes = sum(t.size for t in kv_cache_config.kv_cache_tensors)
-        self.kv_exporter.set_static(settings.allocator, self._granularity, bytes_per_token, cache_bytes)
+        for sink in self.kv_sinks:
+            sink.set_static(settings.allocator, self._granularity, bytes_per_token, cache_bytes)
         if isinstance(self.kv_cache_manager, SlotKVCacheManager):
             self.kv_cache_manager.observer = self
         self._slow_stats_at = 0.0
@@ -96,22 +108,58 @@ class ProximaScheduler(Scheduler):
 
     # AllocatorObserver (the slot manager reports its own timings here).
     def on_allocate(self, seconds: float, num_slots: int) -> None:
-        self.kv_exporter.observe_latency("allocate", seconds)
+        for sink in self.kv_sinks:
+            sink.observe_latency("allocate", seconds)
 
     def on_free(self, seconds: float, num_slots: int) -> None:
-        self.kv_exporter.observe_latency("free", seconds)
+        for sink in self.kv_sinks:
+            sink.observe_latency("free", seconds)
 
     def schedule(self, *args, **kwargs):
         start = time.perf_counter()
         output = super().schedule(*args, **kwargs)
-        self.kv_exporter.observe_latency("step", time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
         self.last_kv_stats = self._collect_stats()
-        self.kv_exporter.publish(self.last_kv_stats)
+        for sink in self.kv_sinks:
+            sink.observe_latency("step", elapsed)
+            sink.publish(self.last_kv_stats)
         return output
 
     def _preempt_request(self, request, timestamp: float) -> None:
         super()._preempt_request(request, timestamp)
-        self.kv_exporter.count_preemption()
+        for sink in self.kv_sinks:
+            sink.count_preemption()
+
+    def _free_request_blocks(self, request) -> None:
+        if self.otel_exporter is not None:
+            rid = request.request_id
+            self._kv_peak[rid] = max(self._kv_peak.get(rid, 0), self._slots_held(rid))
+        super()._free_request_blocks(request)
+
+    def _free_blocks(self, request) -> None:
+        super()._free_blocks(request)
+        if self.otel_exporter is not None:
+            self.otel_exporter.request_finished(RequestKVFacts(
+                request_id=request.request_id,
+                start_time_ns=int(request.arrival_time * 1e9),
+                end_time_ns=time.time_ns(),
+                slots_peak=self._kv_peak.pop(request.request_id, 0),
+                preemptions=request.num_preemptions,
+                prompt_tokens=request.num_prompt_tokens,
+                output_tokens=request.num_output_tokens,
+            ))
+
+    def shutdown(self) -> None:
+        if self.otel_exporter is not None:
+            self.otel_exporter.shutdown()
+        super().shutdown()
+
+    def _slots_held(self, request_id: str) -> int:
+        mgr = self.kv_cache_manager
+        if isinstance(mgr, SlotKVCacheManager):
+            return mgr.table.num_slots(request_id)
+        blocks = mgr.coordinator.single_type_managers[0].req_to_blocks.get(request_id, ())
+        return len(blocks) * self.block_size
 
     def _collect_stats(self) -> kv_stats.KVStats:
         live = np.fromiter(

@@ -26,6 +26,7 @@ def _make(spec: c.MetricSpec, registry: CollectorRegistry):
 class PrometheusKVExporter:
     def __init__(self, registry: CollectorRegistry, engine: str = "0") -> None:
         self.engine = engine
+        self.registry = registry
         self._m = {spec.name: _make(spec, registry) for spec in c.ENGINE_METRICS}
         self._latency = {
             op: self._m[c.ALLOCATOR_LATENCY.name].labels(engine=engine, op=op) for op in c.ALLOCATOR_OPS
@@ -48,6 +49,9 @@ class PrometheusKVExporter:
 
     def count_preemption(self) -> None:
         self._preemptions.inc()
+
+    def request_finished(self, facts) -> None:
+        """Per-request facts go to traces (OpenTelemetry), not to Prometheus."""
 
     def publish(self, stats: KVStats) -> None:
         g = self._gauge

@@ -1,0 +1,321 @@
+"""Load levels and sweeps against one server: closed-loop concurrency and open-loop Poisson rate.
+
+A level sends a window of the workload, either through N workers that each keep one request in
+flight (concurrency) or at exponentially distributed arrival times (rate), for `requests` or
+`duration`, whichever ends first. While it runs, `MetricsSampler` reads the server and a
+watchdog looks for an avalanche: once `min_samples` requests have finished, an error rate above
+`max_error_rate`, or a P95 E2E above `avalanche_factor` x the SLO (requests still in flight count
+with their age, so a hang is seen before it completes), stops the level; the in-flight requests
+are cancelled and higher levels of that sweep are not run for this server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+
+from proxima.bench.client import (
+    CANCELLED, FAILED, OK, TIMED_OUT, RequestResult, StreamingClient, new_http_client,
+)
+from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, percentile
+from proxima.bench.sampler import CpuMeter, LoopLagProbe, MetricsSampler
+from proxima.bench.workload import BenchRequest, Workload
+from proxima.scrape import ServerSnapshot, scrape
+
+
+@dataclass(frozen=True, slots=True)
+class SweepParams:
+    requests_per_level: int | None = 100
+    duration_s: float | None = None
+    slo_p95_s: float = 2.0
+    max_error_rate: float = 0.10
+    avalanche_factor: float = 3.0
+    min_samples: int = 10
+    request_timeout_s: float = 120.0
+    sample_interval_s: float = 0.5
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    label: str
+    url: str
+    model: str
+    local: bool = False
+
+
+class Observer:
+    """Hooks for progress display (and for tests); all no-ops here."""
+
+    def level_started(self, target: Target, kind: str, value: float, total: int | None) -> None: ...
+
+    def request_done(self, target: Target, result: RequestResult) -> None: ...
+
+    def level_finished(self, target: Target, level: LevelResult) -> None: ...
+
+
+class _LevelState:
+    """Results of one level so far, and the decision to stop it early."""
+
+    def __init__(self, params: SweepParams, total: int | None) -> None:
+        self.params = params
+        self.total = total
+        self.results: list[RequestResult] = []
+        self.in_flight: dict[int, RequestResult] = {}
+        self.peak_in_flight = 0
+        self.stop = asyncio.Event()
+        self.aborted: str | None = None
+
+    def started(self, result: RequestResult) -> None:
+        self.results.append(result)
+        self.in_flight[id(result)] = result
+        self.peak_in_flight = max(self.peak_in_flight, len(self.in_flight))
+
+    def finished(self, result: RequestResult) -> None:
+        self.in_flight.pop(id(result), None)
+        self.check()
+
+    def check(self) -> None:
+        if self.stop.is_set():
+            return
+        done = [r for r in self.results if r.status in (OK, FAILED, TIMED_OUT) and id(r) not in self.in_flight]
+        p = self.params
+        if len(done) < min(p.min_samples, self.total or p.min_samples):
+            return
+        errors = sum(r.status != OK for r in done)
+        if errors / len(done) > p.max_error_rate:
+            self._abort(f"error rate {errors / len(done):.0%} > {p.max_error_rate:.0%} "
+                        f"after {len(done)} requests ({_top_error(done)})")
+            return
+        now = time.perf_counter()
+        latencies = [r.e2e for r in done if r.status == OK and r.e2e is not None]
+        latencies += [now - r.sent_at for r in self.in_flight.values() if r.sent_at]
+        p95 = percentile(latencies, 95)
+        limit = p.avalanche_factor * p.slo_p95_s
+        if p95 is not None and p95 > limit:
+            self._abort(f"P95 E2E {p95:.2f}s > {p.avalanche_factor:g}x SLO ({limit:g}s)")
+
+    def _abort(self, reason: str) -> None:
+        self.aborted = reason
+        self.stop.set()
+
+
+def _top_error(results: list[RequestResult]) -> str:
+    errors = Counter(r.error or r.status for r in results if r.status != OK)
+    return errors.most_common(1)[0][0] if errors else "none"
+
+
+async def _watchdog(state: _LevelState) -> None:
+    while not state.stop.is_set():
+        await asyncio.sleep(0.25)
+        state.check()
+
+
+async def _send(client: StreamingClient, state: _LevelState, observer: Observer, target: Target,
+                request: BenchRequest, result: RequestResult) -> None:
+    state.started(result)
+    try:
+        await client.send(request, result)
+    finally:
+        state.finished(result)
+        if result.status != CANCELLED:
+            observer.request_done(target, result)
+
+
+async def _concurrency(client, state, observer, target, source, concurrency: int, deadline) -> None:
+    async def worker() -> None:
+        for index, request in source:  # one shared iterator: each request goes to one worker
+            if state.stop.is_set() or (deadline and time.perf_counter() >= deadline):
+                return
+            await _send(client, state, observer, target, request, RequestResult(index))
+
+    await _until_done_or_stopped([asyncio.create_task(worker()) for _ in range(concurrency)], state)
+
+
+async def _rate(client, state, observer, target, source, rate: float, deadline, rng: random.Random) -> None:
+    tasks: list[asyncio.Task] = []
+    next_at = time.perf_counter()
+    for index, request in source:
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.stop.wait(), delay)
+        if state.stop.is_set() or (deadline and time.perf_counter() >= deadline):
+            break
+        tasks.append(asyncio.create_task(_send(client, state, observer, target, request, RequestResult(index))))
+        next_at += rng.expovariate(rate)
+    await _until_done_or_stopped(tasks, state)
+
+
+async def _until_done_or_stopped(tasks: list[asyncio.Task], state: _LevelState) -> None:
+    if not tasks:
+        return
+    stopper = asyncio.create_task(state.stop.wait())
+    pending = set(tasks)
+    while pending and not state.stop.is_set():
+        _, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+        pending.discard(stopper)
+    for task in pending:
+        task.cancel()
+    stopper.cancel()
+    await asyncio.gather(*tasks, stopper, return_exceptions=True)
+
+
+async def _settled_counters(http: httpx.AsyncClient, url: str, before: ServerSnapshot,
+                            completed: int) -> ServerSnapshot:
+    """The server's counters once they have caught up with what the client saw (bounded wait)."""
+    previous = await scrape(http, url)
+    for _ in range(20):
+        if not previous.ok:
+            return previous
+        await asyncio.sleep(0.1)
+        current = await scrape(http, url)
+        caught_up = current.requests_finished_total - before.requests_finished_total >= completed
+        steady = (current.requests_finished_total, current.generation_tokens_total) == (
+            previous.requests_finished_total, previous.generation_tokens_total)
+        previous = current
+        if caught_up and steady:
+            break
+    return previous
+
+
+async def _drained(http: httpx.AsyncClient, url: str, timeout_s: float = 30.0) -> bool:
+    """Wait until the server holds no request (cancelled streams take a moment to be aborted)."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        snap = await scrape(http, url)
+        if not snap.ok:
+            return False
+        if snap.running + snap.waiting == 0:
+            return True
+        await asyncio.sleep(0.2)
+    return True
+
+
+def request_source(workload: Workload, offset: int, count: int | None) -> Iterator[tuple[int, BenchRequest]]:
+    n = len(workload.requests)
+    indices = itertools.count(offset) if count is None else range(offset, offset + count)
+    return ((i % n, workload.requests[i % n]) for i in indices)
+
+
+async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload, kind: str, value: float,
+                    offset: int, params: SweepParams, observer: Observer, started_s: float = 0.0) -> LevelResult:
+    client = StreamingClient(http, target.url, target.model, params.request_timeout_s)
+    state = _LevelState(params, params.requests_per_level)
+    source = request_source(workload, offset, params.requests_per_level)
+    observer.level_started(target, kind, value, params.requests_per_level)
+    async with httpx.AsyncClient() as scrape_http:
+        before = await scrape(scrape_http, target.url)
+        cpu = CpuMeter()
+        t0 = time.perf_counter()
+        deadline = t0 + params.duration_s if params.duration_s else None
+        async with MetricsSampler(target.url, params.sample_interval_s, target.local) as sampler, \
+                LoopLagProbe() as lag:
+            watchdog = asyncio.create_task(_watchdog(state))
+            try:
+                if kind == CONCURRENCY:
+                    await _concurrency(client, state, observer, target, source, int(value), deadline)
+                else:
+                    rng = random.Random(f"{params.seed}:{value}")
+                    await _rate(client, state, observer, target, source, value, deadline, rng)
+            finally:
+                watchdog.cancel()
+                await asyncio.gather(watchdog, return_exceptions=True)
+            duration = time.perf_counter() - t0
+            cpu_fraction = cpu.fraction()
+        completed = sum(r.status == OK for r in state.results)
+        after = await _settled_counters(scrape_http, target.url, before, completed)
+        level = summarize(target.label, kind, value, state, duration, sampler, lag, cpu_fraction, before, after)
+        level.started_s = started_s
+        if not state.aborted:
+            await _drained(scrape_http, target.url)
+        elif not after.ok:
+            level.aborted = f"{state.aborted}; server unreachable ({after.error})"
+    observer.level_finished(target, level)
+    return level
+
+
+def summarize(label: str, kind: str, value: float, state: _LevelState, duration: float,
+              sampler: MetricsSampler, lag: LoopLagProbe, cpu_fraction: float,
+              before: ServerSnapshot, after: ServerSnapshot) -> LevelResult:
+    results = state.results
+    ok = [r for r in results if r.status == OK]
+    level = LevelResult(label, kind, value, num_sent=len(results), completed=len(ok),
+                        failed=sum(r.status == FAILED for r in results),
+                        timed_out=sum(r.status == TIMED_OUT for r in results),
+                        cancelled=sum(r.status == CANCELLED for r in results),
+                        duration_s=duration, aborted=state.aborted, peak_in_flight=state.peak_in_flight)
+    level.prompt_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    level.output_tokens = sum(r.output_tokens for r in ok)
+    if duration > 0:
+        level.rps = len(ok) / duration
+        level.output_tps = level.output_tokens / duration
+        level.total_tps = (level.output_tokens + level.prompt_tokens) / duration
+    level.ttft = Stats.of([r.ttft for r in ok if r.ttft is not None])
+    level.itl = Stats.of([x for r in ok for x in r.itls])
+    level.tpot = Stats.of([t for t in (r.tpot for r in ok) if t is not None])
+    level.e2e = Stats.of([r.e2e for r in ok if r.e2e is not None])
+    level.errors = dict(Counter(r.error or r.status for r in results if r.status in (FAILED, TIMED_OUT))
+                        .most_common(5))
+    level.client_cpu = cpu_fraction
+    level.client_loop_lag_p99_s = percentile(lag.lags, 99)
+    if level.output_tokens:
+        level.client_overhead_us_per_token = 1e6 * sum(r.overhead_s for r in ok) / level.output_tokens
+    samples = [s for s in sampler.samples if s.ok]
+    level.timeline = list(sampler.samples)
+
+    def peak(attr: str):
+        values = [getattr(s, attr) for s in samples if getattr(s, attr) is not None]
+        return max(values) if values else None
+
+    level.peak_running, level.peak_waiting = peak("running"), peak("waiting")
+    level.peak_kv_usage, level.peak_token_usage = peak("kv_usage"), peak("token_usage")
+    level.peak_fragmentation = peak("fragmentation")
+    gpu = [s.gpu_memory_bytes for s in sampler.samples if s.gpu_memory_bytes is not None]
+    level.peak_gpu_memory_bytes = max(gpu) if gpu else None
+    if before.ok and after.ok:
+        level.preemptions = after.preemptions_total - before.preemptions_total
+        level.server_requests_finished = after.requests_finished_total - before.requests_finished_total
+        level.server_prompt_tokens = after.prompt_tokens_total - before.prompt_tokens_total
+        level.server_generation_tokens = after.generation_tokens_total - before.generation_tokens_total
+    return level
+
+
+def levels_to_run(concurrency: list[int], rates: list[float]) -> list[tuple[str, float]]:
+    return [(CONCURRENCY, float(c)) for c in sorted(concurrency)] + [(RATE, r) for r in sorted(rates)]
+
+
+async def run_sweep(target: Target, workload: Workload, levels: list[tuple[str, float]], params: SweepParams,
+                    observer: Observer) -> tuple[list[LevelResult], str | None]:
+    """All levels for one server, in order; after an aborted level, higher ones of its kind are skipped."""
+    results: list[LevelResult] = []
+    stopped: list[str] = []
+    broken: set[str] = set()
+    offset = 0
+    t0 = time.perf_counter()
+    async with new_http_client(params.request_timeout_s) as http:
+        for kind, value in levels:
+            if kind in broken:
+                continue
+            level = await run_level(http, target, workload, kind, value, offset, params, observer,
+                                    started_s=time.perf_counter() - t0)
+            results.append(level)
+            offset += level.num_sent
+            if level.aborted:
+                broken.add(kind)
+                skipped = [v for k, v in levels if k == kind and v > value]
+                if skipped:
+                    stopped.append(f"{kind} sweep stopped at {level.label} ({level.aborted}); "
+                                   f"not run: {', '.join(f'{v:g}' for v in skipped)}")
+                if not (await scrape(http, target.url)).ok:
+                    stopped.append("server unreachable: remaining levels not run")
+                    break
+    return results, "; ".join(stopped) or None

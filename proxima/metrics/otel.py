@@ -1,0 +1,138 @@
+"""Publish the engine's KV telemetry through OpenTelemetry (OTLP over HTTP/protobuf).
+
+The same facts as the Prometheus exporter, with the same names (from the catalog), plus one span
+per finished request carrying its KV facts (slots held at peak, preemptions, tokens). Switched
+on by an endpoint: `proxima serve --otlp-metrics-endpoint URL` (PROXIMA_OTLP_ENDPOINT in the
+engine's environment) or the standard OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables. The SDK's
+providers are created here and passed around, never installed as process globals.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from proxima.engine.kv_stats import KVStats
+from proxima.metrics import catalog as c
+from proxima.metrics.otel_env import RequestKVFacts, signal_url
+
+SPAN_NAME = "proxima.kv.request"
+
+
+class OtelKVExporter:
+    def __init__(self, endpoint: str, engine: str = "0", export_interval_ms: int | None = None) -> None:
+        self.engine = engine
+        self._attrs = {"engine": engine}
+        self._lock = threading.Lock()
+        self._stats: KVStats | None = None
+        self._static: dict[str, float] = {}
+        self._info: dict[str, str] = {}
+        resource = Resource.create({"service.name": "proxima-engine", "proxima.engine": engine})
+        interval = export_interval_ms or int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "10000"))
+        self._reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=signal_url(endpoint, "metrics")), export_interval_millis=interval
+        )
+        self.meter_provider = MeterProvider(
+            resource=resource,
+            metric_readers=[self._reader],
+            views=[View(instrument_name=c.ALLOCATOR_LATENCY.name,
+                        aggregation=ExplicitBucketHistogramAggregation(list(c.ALLOCATOR_LATENCY.buckets)))],
+        )
+        self.tracer_provider = TracerProvider(resource=resource)
+        self.tracer_provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=signal_url(endpoint, "traces")))
+        )
+        self._tracer = self.tracer_provider.get_tracer("proxima.engine")
+        meter = self.meter_provider.get_meter("proxima.engine")
+        self._latency = meter.create_histogram(c.ALLOCATOR_LATENCY.name, unit="s",
+                                               description=c.ALLOCATOR_LATENCY.help)
+        self._preemptions = meter.create_counter(c.PREEMPTIONS.sample_name, description=c.PREEMPTIONS.help)
+        gauges = {
+            c.SLOTS_TOTAL: lambda s: s.slots_total,
+            c.SLOTS_USED: lambda s: s.slots_used,
+            c.SLOTS_FREE: lambda s: s.slots_free,
+            c.SLOTS_CACHED: lambda s: s.slots_cached,
+            c.LIVE_TOKENS: lambda s: s.live_tokens,
+            c.TOKEN_USAGE: lambda s: s.token_usage,
+            c.BLOCK_USAGE: lambda s: s.block_usage,
+            c.FRAGMENTATION: lambda s: s.fragmentation,
+            c.BLOCK_FRAGMENTATION: lambda s: s.block_fragmentation,
+            c.LARGEST_FREE_RUN: lambda s: s.largest_free_run,
+            c.RUNNING_REQUESTS: lambda s: s.num_requests,
+        }
+        for spec, read in gauges.items():
+            meter.create_observable_gauge(spec.name, callbacks=[self._observe(read)], description=spec.help)
+        for spec in (c.BYTES_PER_TOKEN, c.CACHE_BYTES):
+            meter.create_observable_gauge(spec.name, callbacks=[self._observe_static(spec.name)],
+                                          description=spec.help)
+        meter.create_observable_gauge(c.OCCUPANCY_MAP.name, callbacks=[self._observe_occupancy],
+                                      description=c.OCCUPANCY_MAP.help)
+        meter.create_observable_gauge(c.ALLOCATOR_INFO.name, callbacks=[self._observe_info],
+                                      description=c.ALLOCATOR_INFO.help)
+
+    # -- the sink interface the scheduler calls -----------------------------------------------
+
+    def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None:
+        self._info = {"allocator": allocator, "block_size": str(granularity)}
+        self._static = {c.BYTES_PER_TOKEN.name: bytes_per_token, c.CACHE_BYTES.name: cache_bytes}
+
+    def observe_latency(self, op: str, seconds: float) -> None:
+        self._latency.record(seconds, {"engine": self.engine, "op": op})
+
+    def count_preemption(self) -> None:
+        self._preemptions.add(1, self._attrs)
+
+    def publish(self, stats: KVStats) -> None:
+        with self._lock:
+            self._stats = stats
+
+    def request_finished(self, facts: RequestKVFacts) -> None:
+        span = self._tracer.start_span(SPAN_NAME, start_time=facts.start_time_ns)
+        span.set_attributes({
+            "proxima.engine": self.engine,
+            "proxima.request_id": facts.request_id,
+            "proxima.kv.slots_peak": facts.slots_peak,
+            "proxima.kv.preemptions": facts.preemptions,
+            "proxima.kv.preempted": facts.preemptions > 0,
+            "proxima.request.prompt_tokens": facts.prompt_tokens,
+            "proxima.request.output_tokens": facts.output_tokens,
+        })
+        span.end(end_time=facts.end_time_ns)
+
+    def shutdown(self) -> None:
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
+
+    # -- observable callbacks (run on the SDK's export thread) --------------------------------
+
+    def _observe(self, read):
+        def callback(options: CallbackOptions):
+            with self._lock:
+                stats = self._stats
+            return [] if stats is None else [Observation(read(stats), self._attrs)]
+        return callback
+
+    def _observe_static(self, name: str):
+        def callback(options: CallbackOptions):
+            return [Observation(self._static[name], self._attrs)] if name in self._static else []
+        return callback
+
+    def _observe_occupancy(self, options: CallbackOptions):
+        with self._lock:
+            stats = self._stats
+        if stats is None:
+            return []
+        return [Observation(v, {"engine": self.engine, "segment": str(i)}) for i, v in enumerate(stats.occupancy)]
+
+    def _observe_info(self, options: CallbackOptions):
+        return [Observation(1, {"engine": self.engine, **self._info})] if self._info else []

@@ -1,0 +1,94 @@
+"""Drive one engine through known requests and record, step by step, what its KV telemetry said
+(the scheduler's stats and the Prometheus exporter's samples) beside what the engine did.
+
+Executed by tests/test_engine_metrics.py in a subprocess per allocator.
+usage: python tests/metrics_scenarios.py MODEL_DIR {token,block} OUT.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+PROMPT_LENS = [5, 17, 33, 64, 100]
+KV_SLOTS = 4096
+
+
+def exporter_samples(scheduler) -> dict:
+    from proxima.metrics import catalog as c
+
+    reg, labels = scheduler.kv_exporter.registry, {"engine": "0"}
+    out = {spec.name: reg.get_sample_value(spec.sample_name, labels) for spec in (
+        c.SLOTS_TOTAL, c.SLOTS_USED, c.SLOTS_FREE, c.LIVE_TOKENS, c.TOKEN_USAGE, c.BLOCK_USAGE,
+        c.FRAGMENTATION, c.BLOCK_FRAGMENTATION, c.RUNNING_REQUESTS, c.LARGEST_FREE_RUN, c.PREEMPTIONS,
+        c.BYTES_PER_TOKEN, c.CACHE_BYTES)}
+    out["occupancy_0"] = reg.get_sample_value(c.OCCUPANCY_MAP.name, {"engine": "0", "segment": "0"})
+    for op in c.ALLOCATOR_OPS:
+        out[f"latency_count_{op}"] = reg.get_sample_value(
+            c.ALLOCATOR_LATENCY.name + "_count", {"engine": "0", "op": op})
+    return out
+
+
+def snapshot(scheduler) -> dict:
+    return {"stats": dataclasses.asdict(scheduler.last_kv_stats), "prom": exporter_samples(scheduler)}
+
+
+def main(model: str, variant: str) -> dict:
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    block_size = 1 if variant == "token" else 32
+    llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
+              max_num_batched_tokens=2048, max_num_seqs=64, enable_prefix_caching=False,
+              block_size=block_size, kv_cache_memory_bytes=KV_SLOTS * 1024,
+              scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    calls = {"allocate_ok": 0, "preempt": 0}
+    mgr_allocate, preempt = scheduler.kv_cache_manager.allocate_slots, scheduler._preempt_request
+
+    def counted_allocate(*args, **kwargs):
+        result = mgr_allocate(*args, **kwargs)
+        calls["allocate_ok"] += result is not None
+        return result
+
+    def counted_preempt(*args, **kwargs):
+        calls["preempt"] += 1
+        return preempt(*args, **kwargs)
+
+    scheduler.kv_cache_manager.allocate_slots = counted_allocate
+    scheduler._preempt_request = counted_preempt
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for i, n in enumerate(PROMPT_LENS):
+        engine.add_request(f"m{i}", TokensPrompt(prompt_token_ids=list(range(10, 10 + n))), greedy)
+    result = {"variant": variant, "block_size": block_size, "prompt_lens": PROMPT_LENS}
+    engine.step()
+    result["after_prefill"] = snapshot(scheduler)
+    engine.step()
+    result["after_one_decode"] = snapshot(scheduler)
+    while engine.has_unfinished_requests():
+        engine.step()
+    scheduler.schedule()  # an idle step, as the server's busy loop makes: publishes the empty state
+    result["idle"] = snapshot(scheduler)
+
+    # Oversubscribe: 40 requests of 200 + 60 tokens need 10,400 slots of 4,096.
+    long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    for i in range(40):
+        engine.add_request(f"p{i}", TokensPrompt(prompt_token_ids=[(i * 7 + j) % 400 + 3 for j in range(200)]), long)
+    while engine.has_unfinished_requests():
+        engine.step()
+    scheduler.schedule()
+    result["after_pressure"] = snapshot(scheduler)
+    result["calls"] = calls
+    return result
+
+
+if __name__ == "__main__":
+    model_dir, variant, out_path = sys.argv[1:4]
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["PROXIMA_ALLOCATOR"] = variant
+    data = main(model_dir, variant)
+    with open(out_path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(out_path + ".tmp", out_path)

@@ -1,0 +1,117 @@
+"""Each KV metric against what the engine did, for Proxima's token slots and stock block allocation.
+
+Known prompts (5, 17, 33, 64 and 100 tokens) are prefilled in one step; the telemetry must then
+say exactly: slots in use = live tokens for Proxima (fragmentation 0), whole 32-token blocks for
+stock (fragmentation = the block arithmetic), the 16-token reference blocks for both, and the
+Prometheus samples must equal the scheduler's stats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.engine
+
+RUNNER = Path(__file__).with_name("metrics_scenarios.py")
+LENS = [5, 17, 33, 64, 100]
+
+
+def blocks_of(lens, b):
+    return sum(math.ceil(n / b) * b for n in lens)
+
+
+@pytest.fixture(scope="module", params=["token", "block"])
+def run(request, tiny_model, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("metrics") / f"{request.param}.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
+    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, request.param, str(out)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return json.loads(out.read_text())
+
+
+def test_slots_used_after_prefill_match_the_allocator_arithmetic(run):
+    stats = run["after_prefill"]["stats"]
+    live = sum(LENS)
+    assert stats["live_tokens"] == live
+    assert stats["num_requests"] == 5
+    assert stats["reference_block_slots"] == blocks_of(LENS, 16)
+    if run["variant"] == "token":
+        assert stats["slots_used"] == live
+        assert stats["slots_total"] == 4096
+    else:
+        assert stats["slots_used"] == blocks_of(LENS, 32) == 320
+        assert stats["slots_total"] % 32 == 0
+
+
+def test_one_decode_step_adds_one_slot_per_request_for_token_slots(run):
+    before, after = run["after_prefill"]["stats"], run["after_one_decode"]["stats"]
+    assert after["live_tokens"] == before["live_tokens"] + 5
+    if run["variant"] == "token":
+        assert after["slots_used"] == before["slots_used"] + 5
+    else:  # only the 64-token request crosses a block boundary: one new 32-slot block
+        assert after["slots_used"] == blocks_of([n + 1 for n in LENS], 32) == 352
+
+
+def test_prometheus_samples_equal_the_stats(run):
+    for phase in ("after_prefill", "after_one_decode", "idle", "after_pressure"):
+        stats, prom = run[phase]["stats"], run[phase]["prom"]
+        used, live, total = stats["slots_used"], stats["live_tokens"], stats["slots_total"]
+        assert prom["proxima_kv_slots"] == total
+        assert prom["proxima_kv_slots_used"] == used
+        assert prom["proxima_kv_slots_free"] == total - used
+        assert prom["proxima_kv_live_tokens"] == live
+        assert prom["proxima_kv_requests_holding_slots"] == stats["num_requests"]
+        assert prom["proxima_kv_token_usage_ratio"] == pytest.approx(live / total)
+        assert prom["proxima_kv_block_usage_ratio"] == pytest.approx(stats["reference_block_slots"] / total)
+        expected_frag = (used - live) / used if used else 0.0
+        assert prom["proxima_kv_fragmentation_ratio"] == pytest.approx(expected_frag)
+        ref = stats["reference_block_slots"]
+        assert prom["proxima_kv_block_fragmentation_ratio"] == pytest.approx((ref - live) / ref if ref else 0.0)
+        assert prom["proxima_kv_bytes_per_token"] == 1024
+        assert prom["proxima_kv_cache_bytes"] >= total * 1024
+
+
+def test_fragmentation_is_zero_for_token_slots_and_block_arithmetic_for_stock(run):
+    prom = run["after_prefill"]["prom"]
+    if run["variant"] == "token":
+        assert prom["proxima_kv_fragmentation_ratio"] == 0.0
+    else:
+        assert prom["proxima_kv_fragmentation_ratio"] == pytest.approx(1 - sum(LENS) / 320)
+    assert prom["proxima_kv_block_fragmentation_ratio"] == pytest.approx(1 - sum(LENS) / blocks_of(LENS, 16))
+
+
+def test_idle_engine_reports_empty_cache(run):
+    stats, prom = run["idle"]["stats"], run["idle"]["prom"]
+    assert stats["slots_used"] == 0 and stats["live_tokens"] == 0 and stats["num_requests"] == 0
+    assert prom["proxima_kv_largest_free_run_slots"] == stats["slots_total"]
+    assert prom["occupancy_0"] == 0.0
+
+
+def test_occupancy_map_shows_the_prefilled_slots(run):
+    stats = run["after_prefill"]["stats"]
+    assert len(stats["occupancy"]) == 64
+    edges = np.linspace(0, stats["slots_total"], 65).astype(np.int64)
+    slots_in_use = float(np.dot(stats["occupancy"], np.diff(edges)))
+    assert slots_in_use == pytest.approx(stats["slots_used"], rel=1e-9)
+    if run["variant"] == "token":  # a fresh cache hands out slots from 0 upwards
+        full = int(stats["slots_used"] // (stats["slots_total"] / 64))
+        assert stats["occupancy"][:full] == [1.0] * full
+
+
+def test_preemption_counter_and_latency_histograms_count_what_happened(run):
+    prom, calls = run["after_pressure"]["prom"], run["calls"]
+    assert calls["preempt"] > 0, "the oversubscribed phase did not preempt"
+    assert prom["proxima_kv_preemptions"] == calls["preempt"]
+    assert prom["latency_count_step"] > 0
+    if run["variant"] == "token":
+        assert prom["latency_count_allocate"] == calls["allocate_ok"]
+        assert prom["latency_count_free"] >= 45  # every finished request, plus preemptions
