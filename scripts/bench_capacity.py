@@ -84,7 +84,8 @@ def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_to
         for o in engine.step():
             if o.finished:
                 output_tokens += len(o.outputs[0].token_ids)
-        alloc_per_step.append(alloc_time[0] - before)
+        if allocator == "token":
+            alloc_per_step.append(alloc_time[0] - before)
     wall = time.perf_counter() - start
     arr = np.array(steps, dtype=np.float64)
     busy = arr[arr[:, 1] > 0]

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On the GPU machine (after .gpu-bundle/device.sh install): kernel tests, decode microbenchmark,
+# end-to-end A/B. Logs and JSON go to $OUT. usage: bash scripts/gpu/run.sh {kernels|e2e} [e2e --only ...]
+set -uo pipefail
+source /tmp/gpu-env
+out=${OUT:-/tmp/out}
+case ${1:-} in
+kernels)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -m pytest -q -p no:cacheprovider tests/test_attention_kernels.py 2>&1 | tail -5 | tee "$out/kernel-tests.txt"
+  python3 scripts/gpu/bench_decode.py --json "$out/decode.json" 2>&1 | grep -v Warning | tee "$out/decode.txt"
+  ;;
+e2e)
+  shift
+  python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
+  python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e" "$@" 2>&1 | tee "$out/e2e.txt"
+  ;;
+*) echo "usage: run.sh kernels|e2e" >&2; exit 2 ;;
+esac
