@@ -62,6 +62,7 @@ class ProximaScheduler(Scheduler):
                 "`proxima serve` sets it"
             )
         self.proxima_allocator = settings.allocator
+        self.telemetry_on = settings.telemetry
         if settings.token_slots:
             problems = unsupported_options(vllm_config)
             if problems:
@@ -93,7 +94,7 @@ class ProximaScheduler(Scheduler):
         cache_bytes = sum(t.size for t in kv_cache_config.kv_cache_tensors)
         for sink in self.kv_sinks:
             sink.set_static(settings.allocator, self._granularity, bytes_per_token, cache_bytes)
-        if isinstance(self.kv_cache_manager, SlotKVCacheManager):
+        if isinstance(self.kv_cache_manager, SlotKVCacheManager) and settings.telemetry:
             self.kv_cache_manager.observer = self
         self._slow_stats_at = 0.0
         self._occupancy: tuple[float, ...] = ()
@@ -118,6 +119,8 @@ class ProximaScheduler(Scheduler):
     def schedule(self, *args, **kwargs):
         start = time.perf_counter()
         output = super().schedule(*args, **kwargs)
+        if not self.telemetry_on:
+            return output
         elapsed = time.perf_counter() - start
         self.last_kv_stats = self._collect_stats()
         for sink in self.kv_sinks:

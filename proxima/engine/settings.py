@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 ALLOCATOR_ENV = "PROXIMA_ALLOCATOR"
 ALLOCATORS = ("token", "block")
+# "off" skips the per-step KV statistics and their export (for measuring their overhead).
+TELEMETRY_ENV = "PROXIMA_TELEMETRY"
 
 
 class ProximaConfigError(ValueError):
@@ -20,6 +22,7 @@ class ProximaConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class ProximaSettings:
     allocator: str | None  # None: Proxima is installed but not switched on
+    telemetry: bool = True
 
     @property
     def token_slots(self) -> bool:
@@ -32,4 +35,5 @@ class ProximaSettings:
             raise ProximaConfigError(
                 f"{ALLOCATOR_ENV}={value!r} is not an allocator; use one of {', '.join(ALLOCATORS)}"
             )
-        return cls(allocator=value)
+        telemetry = os.environ.get(TELEMETRY_ENV, "on").strip().lower() not in ("off", "0", "false")
+        return cls(allocator=value, telemetry=telemetry)

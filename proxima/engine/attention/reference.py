@@ -25,6 +25,7 @@ Invariants of the contract (shared with the Triton launcher):
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -123,6 +124,52 @@ def check_attention_args(
              f"slot attention: all tensors must be on one device, got {sorted(map(str, devices))}")
 
 
+def kv_rows(k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, int] | None:
+    """``[num_slots, 2*Hkv*D]`` view when K and V of each slot exactly tile one row, else None.
+
+    The backend's cache is such a layout (``rows[..., :D]`` / ``rows[..., D:]`` of one
+    ``[num_slots, Hkv, 2*D]`` buffer) and so is ``[num_slots, 2, Hkv, D]``. One ``index_select``
+    of whole rows then gathers K and V together, a copy of contiguous runs, where indexing the
+    strided halves separately walks them element by element (tens of times slower on CPU).
+    Exact tiling matters to ``write_kv``, which writes whole rows. Returns the rows and the
+    element offset of V inside a row (K starts the row).
+    """
+    num_slots, num_heads, head_size = k_cache.shape
+    row = 2 * num_heads * head_size
+    if k_cache.stride() != v_cache.stride() or k_cache.dtype != v_cache.dtype:
+        return None
+    if k_cache.untyped_storage().data_ptr() != v_cache.untyped_storage().data_ptr():
+        return None
+    stride_slot, stride_head, stride_dim = k_cache.stride()
+    if (num_slots > 1 and stride_slot != row) or (head_size > 1 and stride_dim != 1):
+        return None
+    v_offset = v_cache.storage_offset() - k_cache.storage_offset()
+    if num_heads == 1:
+        tiles = v_offset == head_size
+    else:  # per head K|V (the backend's), or all heads' K | all heads' V
+        tiles = (stride_head, v_offset) in ((2 * head_size, head_size), (head_size, num_heads * head_size))
+    return (k_cache.as_strided((num_slots, row), (row, 1)), v_offset) if tiles else None
+
+
+def _split_rows(rows: Tensor, v_offset: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """K and V views ``[N, Hkv, D]`` of gathered rows ``[N, row]`` (laid out as in ``like``)."""
+    shape = (rows.shape[0], *like.shape[1:])
+    stride = (rows.stride(0), *like.stride()[1:])
+    base = rows.storage_offset()
+    return rows.as_strided(shape, stride, base), rows.as_strided(shape, stride, base + v_offset)
+
+
+def _gather_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+    """K and V of ``slots`` (1-D, all valid) as ``[N, Hkv, D]`` float32 tensors (views allowed)."""
+    packed = kv_rows(k_cache, v_cache)
+    if packed is None:
+        keys, values = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+        return keys.float(), values.float()  # float() is a no-op on float32
+    rows, v_offset = packed
+    gathered = rows.index_select(0, slots).float()  # converts K and V in one pass if needed
+    return _split_rows(gathered, v_offset, k_cache)
+
+
 def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Copy row ``t`` of key/value into slot ``slot_mapping[t]``; negative slots are padding.
 
@@ -133,19 +180,30 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
     num_rows = slot_mapping.shape[0]
     if num_rows == 0:
         return
-    slots = slot_mapping.long()
-    keep = slots >= 0
-    # Dropping padding rows costs a host sync; that is fine on the CPU path this serves. The
-    # Triton writer skips them in-kernel instead, so it stays graph-capturable.
-    rows = keep.nonzero().squeeze(1)
-    if rows.numel() == 0:
+    slots, key, value = slot_mapping.long(), key[:num_rows], value[:num_rows]
+    # One pass gives both the range check and whether there is padding to drop; the common
+    # step has none and skips the mask. (Reading them back syncs a GPU; this is the CPU path:
+    # the Triton writer skips padding in-kernel instead, so it stays graph-capturable.)
+    lowest, highest = (int(x) for x in torch.aminmax(slots))
+    _require(highest < k_cache.shape[0],
+             f"write_kv: slot {highest} out of range for a cache of {k_cache.shape[0]} slots")
+    if lowest < 0:
+        rows = (slots >= 0).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return
+        slots, key, value = slots[rows], key[rows], value[rows]
+    packed = kv_rows(k_cache, v_cache)
+    if packed is None:
+        k_cache.index_copy_(0, slots, key)
+        v_cache.index_copy_(0, slots, value)
         return
-    slots = slots[rows]
-    max_slot = int(slots.max())
-    _require(max_slot < k_cache.shape[0],
-             f"write_kv: slot {max_slot} out of range for a cache of {k_cache.shape[0]} slots")
-    k_cache.index_copy_(0, slots, key[:num_rows][rows])
-    v_cache.index_copy_(0, slots, value[:num_rows][rows])
+    # Assemble whole rows, then scatter them in one pass over contiguous destinations.
+    cache_rows, v_offset = packed
+    source = torch.empty((slots.shape[0], cache_rows.shape[1]), dtype=key.dtype, device=key.device)
+    source_keys, source_values = _split_rows(source, v_offset, k_cache)
+    source_keys.copy_(key)
+    source_values.copy_(value)
+    cache_rows.index_copy_(0, slots, source)
 
 
 def slot_attention_torch(
@@ -174,9 +232,10 @@ def slot_attention_torch(
     num_requests = query_start_loc.shape[0] - 1
     if num_requests == 0:
         return output
-    # Metadata is tiny; one host copy lets us validate values and plan the batch.
-    starts = query_start_loc.to("cpu", torch.int64)
-    ctx_lens = seq_lens[:num_requests].to("cpu", torch.int64)
+    # Metadata is tiny: planning it in numpy on the host costs microseconds per op where torch
+    # costs several, and this runs once per layer per step.
+    starts = query_start_loc.cpu().numpy().astype(np.int64)
+    ctx_lens = seq_lens[:num_requests].cpu().numpy().astype(np.int64)
     q_lens = starts[1:] - starts[:-1]
     _check_metadata_values(starts, q_lens, ctx_lens, query.shape[0], slot_table.shape[1])
 
@@ -184,10 +243,10 @@ def slot_attention_torch(
     if num_actual_tokens is not None:
         row_limit = min(row_limit, num_actual_tokens)
     active = (q_lens > 0) & (starts[:-1] < row_limit)
-    decode_reqs = (active & (q_lens == 1)).nonzero().squeeze(1)
-    prefill_reqs = (active & (q_lens > 1)).nonzero().squeeze(1)
+    decode_reqs = np.flatnonzero(active & (q_lens == 1))
+    prefill_reqs = np.flatnonzero(active & (q_lens > 1))
 
-    if decode_reqs.numel() > 0:
+    if decode_reqs.size > 0:
         _attend_decodes(query, k_cache, v_cache, slot_table, starts[decode_reqs], decode_reqs,
                         ctx_lens[decode_reqs], scale, output)
     for req in prefill_reqs.tolist():
@@ -198,7 +257,7 @@ def slot_attention_torch(
 
 
 def _check_metadata_values(
-    starts: Tensor, q_lens: Tensor, ctx_lens: Tensor, num_rows: int, table_width: int
+    starts: np.ndarray, q_lens: np.ndarray, ctx_lens: np.ndarray, num_rows: int, table_width: int
 ) -> None:
     _require(int(starts[0]) >= 0, f"slot attention: query_start_loc[0]={int(starts[0])} is negative")
     _require(bool((q_lens >= 0).all()), "slot attention: query_start_loc is not non-decreasing")
@@ -211,47 +270,96 @@ def _check_metadata_values(
              f"slot attention: a request's seq_len exceeds slot_table width {table_width}")
 
 
+def _run_start(indices: np.ndarray) -> int | None:
+    """First index when strictly increasing ``indices`` are one run (a slice will do), else None."""
+    first = int(indices[0])
+    return first if int(indices[-1]) - first == indices.shape[0] - 1 else None
+
+
+def _select(tensor: Tensor, indices: np.ndarray) -> Tensor:
+    """Rows ``indices`` (strictly increasing) of ``tensor``: a view when they are one run."""
+    first = _run_start(indices)
+    if first is not None:
+        return tensor[first:first + indices.shape[0]]
+    return tensor.index_select(0, torch.from_numpy(indices).to(tensor.device))
+
+
+def _write_rows(output: Tensor, indices: np.ndarray, values: Tensor) -> None:
+    """``output[indices] = values`` (cast to the output dtype), a slice copy when one run."""
+    first = _run_start(indices)
+    if first is not None:
+        output[first:first + indices.shape[0]].copy_(values)
+    else:
+        output.index_copy_(0, torch.from_numpy(indices).to(output.device), values.to(output.dtype))
+
+
 def _attend_decodes(
     query: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
     slot_table: Tensor,
-    token_rows: Tensor,
-    req_ids: Tensor,
-    ctx_lens: Tensor,
+    token_rows: np.ndarray,
+    req_ids: np.ndarray,
+    ctx_lens: np.ndarray,
     scale: float,
     output: Tensor,
 ) -> None:
-    """All single-query requests at once, in length-sorted chunks under the gather budget."""
+    """All single-query requests at once, in chunks under the gather budget.
+
+    Each chunk is padded to its longest context: K/V ``[n, Hkv, L, D]`` under a length mask,
+    one ``scaled_dot_product_attention`` call with the query as ``[n, Hq, 1, D]``.
+    """
+    per_request_token = k_cache.shape[1] * k_cache.shape[2]  # elements of one K (or V) per position
+
+    def chunk_size(max_len: int) -> int:
+        return max(1, _GATHER_BUDGET_ELEMENTS // max(max_len * per_request_token, 1))
+
+    num_decodes = ctx_lens.shape[0]
+    if chunk_size(int(ctx_lens.max())) >= num_decodes:  # the common case: one chunk, no sort
+        _attend_decode_chunk(query, k_cache, v_cache, slot_table, token_rows, req_ids, ctx_lens,
+                             scale, output)
+        return
+    # Longest first, so each chunk pads only to its own longest context.
+    order = np.argsort(-ctx_lens, kind="stable")
+    begin = 0
+    while begin < num_decodes:
+        end = min(num_decodes, begin + chunk_size(int(ctx_lens[order[begin]])))
+        picked = np.sort(order[begin:end])  # back to increasing rows, as _select expects
+        _attend_decode_chunk(query, k_cache, v_cache, slot_table, token_rows[picked], req_ids[picked],
+                             ctx_lens[picked], scale, output)
+        begin = end
+
+
+def _attend_decode_chunk(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_table: Tensor,
+    token_rows: np.ndarray,
+    req_ids: np.ndarray,
+    ctx_lens: np.ndarray,
+    scale: float,
+    output: Tensor,
+) -> None:
     device = query.device
     num_kv_heads, head_size = k_cache.shape[1], k_cache.shape[2]
     num_query_heads = query.shape[1]
-    group = num_query_heads // num_kv_heads
-    # Longest first, so each chunk pads only to its own longest context.
-    order = torch.argsort(ctx_lens, descending=True)
-    token_rows, req_ids, ctx_lens = token_rows[order], req_ids[order], ctx_lens[order]
-    num_decodes = ctx_lens.shape[0]
-    begin = 0
-    while begin < num_decodes:
-        max_len = int(ctx_lens[begin])
-        per_request = max_len * num_kv_heads * head_size
-        end = min(num_decodes, begin + max(1, _GATHER_BUDGET_ELEMENTS // max(per_request, 1)))
-        rows = token_rows[begin:end].to(device)
-        lens = ctx_lens[begin:end].to(device)
-        positions = torch.arange(max_len, device=device)
-        visible = positions[None, :] < lens[:, None]  # [n, L]
-        slots = slot_table[req_ids[begin:end].to(device), :max_len].long()
+    num, max_len = ctx_lens.shape[0], int(ctx_lens.max())
+    slots = _select(slot_table, req_ids)[:, :max_len]
+    mask = None
+    if False:
+        lens = torch.from_numpy(ctx_lens).to(device)
+        visible = torch.arange(max_len, device=device)[None, :] < lens[:, None]  # [n, L]
         # Entries past a request's length are garbage: point them at slot 0 rather than read them.
-        slots = torch.where(visible, slots, torch.zeros_like(slots))
-        keys = k_cache[slots].float()  # [n, L, Hkv, D]
-        values = v_cache[slots].float()
-        q = query[rows].float().view(-1, num_kv_heads, group, head_size)  # GQA: Hq as Hkv x group
-        scores = torch.einsum("nhgd,nlhd->nhgl", q, keys) * scale
-        scores.masked_fill_(~visible[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.einsum("nhgl,nlhd->nhgd", probs, values)
-        output[rows] = out.reshape(-1, num_query_heads, head_size).to(output.dtype)
-        begin = end
+        slots = torch.where(visible, slots, 0)
+        mask = visible[:, None, None, :]  # [n, 1, 1, L]: every head, the one query
+    keys, values = _gather_kv(k_cache, v_cache, slots.reshape(-1))
+    keys = keys.view(num, max_len, num_kv_heads, head_size).transpose(1, 2)  # [n, Hkv, L, D]
+    values = values.view(num, max_len, num_kv_heads, head_size).transpose(1, 2)
+    q = _select(query, token_rows).float().unsqueeze(2)  # [n, Hq, 1, D]
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                         enable_gqa=num_query_heads != num_kv_heads)
+    _write_rows(output, token_rows, out.squeeze(2))
 
 
 def _attend_one_request(
@@ -270,18 +378,24 @@ def _attend_one_request(
     device = query.device
     num_query_heads, num_kv_heads = query.shape[1], k_cache.shape[1]
     context = seq_len - q_len  # tokens cached before this step's queries
-    slots = slot_row[:seq_len].long()
-    keys = k_cache[slots].float().transpose(0, 1)  # [Hkv, L, D]
-    values = v_cache[slots].float().transpose(0, 1)
+    keys, values = _gather_kv(k_cache, v_cache, slot_row[:seq_len])
+    # 4-D [1, H, L, D]: the fused (flash) CPU kernel takes only 4-D inputs; 3-D falls back to
+    # the math kernel, which materializes the score matrix.
+    keys, values = keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0)
     piece = max(1, _GATHER_BUDGET_ELEMENTS // (num_query_heads * seq_len))
     for first in range(0, rows_to_write, piece):
         last = min(rows_to_write, first + piece)
-        q = query[start + first:start + last].float().transpose(0, 1)  # [Hq, n, D]
-        q_pos = context + torch.arange(first, last, device=device)
+        q = query[start + first:start + last].float().transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         num_keys = context + last  # later keys are masked for every query of this piece
-        causal = torch.arange(num_keys, device=device)[None, :] <= q_pos[:, None]
+        if context + first == 0:
+            # Square block starting at position 0: plain causal, which lets the kernel skip
+            # the masked half instead of reading a mask.
+            causal, mask = True, None
+        else:
+            q_pos = context + torch.arange(first, last, device=device)
+            causal, mask = False, torch.arange(num_keys, device=device)[None, :] <= q_pos[:, None]
         out = F.scaled_dot_product_attention(
-            q, keys[:, :num_keys], values[:, :num_keys], attn_mask=causal, scale=scale,
-            enable_gqa=num_query_heads != num_kv_heads,
+            q, keys[:, :, :num_keys], values[:, :, :num_keys], attn_mask=mask, is_causal=causal,
+            scale=scale, enable_gqa=num_query_heads != num_kv_heads,
         )
-        output[start + first:start + last] = out.transpose(0, 1).to(output.dtype)
+        output[start + first:start + last].copy_(out[0].transpose(0, 1))
