@@ -101,6 +101,8 @@ class ServerSnapshot:
     prompt_tokens_total: float = 0.0
     generation_tokens_total: float = 0.0
     requests_finished_total: float = 0.0
+    # Requests that ended with finished_reason="error" (None where the server does not label them).
+    requests_failed_total: float | None = None
     block_size: int | None = None
     num_gpu_blocks: int | None = None
     ttft: HistogramSnapshot = HistogramSnapshot()
@@ -186,6 +188,7 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
         prompt_tokens_total=num(v.PROMPT_TOKENS),
         generation_tokens_total=num(v.GENERATION_TOKENS),
         requests_finished_total=num(v.REQUEST_SUCCESS),
+        requests_failed_total=s.total(v.REQUEST_SUCCESS, engine, finished_reason="error"),
         block_size=_int_label(info, "block_size"),
         num_gpu_blocks=_int_label(info, "num_gpu_blocks"),
         ttft=s.histogram(v.TTFT, engine),

@@ -23,13 +23,15 @@ def top(
     ),
     interval: float = typer.Option(0.5, "--interval", help="Seconds between scrapes (0.5 = 2 Hz)."),
     once: bool = typer.Option(
-        False, "--once", help="Print one plain-text snapshot and exit (automatic when stdout is not a terminal)."
+        False, "--once",
+        help="Print one plain-text snapshot and exit (automatic when stdout is not a terminal).",
     ),
     record: Path | None = typer.Option(None, "--record", metavar="FILE",
                                        help="Save every snapshot to FILE (JSONL), as it is collected."),
     replay: Path | None = typer.Option(None, "--replay", metavar="FILE",
                                        help="Show a session saved with --record, offline."),
-    window: float = typer.Option(60.0, "--window", help="Seconds of the sliding window for latency quantiles."),
+    window: float = typer.Option(60.0, "--window",
+                                 help="Seconds of the sliding window for latency quantiles."),
 ) -> None:
     """Live terminal dashboard of KV memory and serving health."""
     from proxima.tui.collector import normalize_url

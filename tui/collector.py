@@ -1,0 +1,105 @@
+"""Collection: one tick scrapes every server and reads the GPUs into an immutable `Frame`.
+
+Layer: I/O only, no rendering (nvitop's split between its `api/` and `tui/`). The app calls
+`Collector.collect()` from a Textual worker on a timer and folds the frame into its
+`DashboardState` when the worker's message arrives; `--once` and the benchmark call it directly.
+Nothing here raises for a server that is down (`scrape` returns `ok=False`) or a missing GPU
+(`read_gpus` returns `()`): a dashboard shows failures, it does not die of them.
+
+GPU readings are taken only when a watched server is on this host: NVML sees this machine's GPUs,
+which say nothing about a remote server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import time
+from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
+
+import httpx
+
+from proxima.gpu import GpuSnapshot, read_gpus
+from proxima.scrape import scrape
+from proxima.tui.model import Frame
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def is_local(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def normalize_url(text: str) -> str:
+    """`localhost:8000` → `http://localhost:8000`; raises ValueError naming what is wrong."""
+    url = text.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not a server URL: {text!r} (expected e.g. http://127.0.0.1:8000)")
+    try:
+        parts.port  # noqa: B018 (raises ValueError on a bad port)
+    except ValueError:
+        raise ValueError(f"bad port in {text!r} (expected e.g. http://127.0.0.1:8000)") from None
+    return url
+
+
+def scrape_timeout(interval_s: float) -> float:
+    """Long enough for a busy server's /metrics, short enough that a hung one cannot stall ticks."""
+    return min(5.0, max(2.0, 2.0 * interval_s))
+
+
+class Collector:
+    """Scrapes a fixed list of servers; one shared HTTP client keeps connections alive."""
+
+    def __init__(self, urls: Sequence[str], gpu_reader: Callable[[], tuple[GpuSnapshot, ...]] = read_gpus,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.urls = tuple(urls)
+        self.read_gpus_here = any(is_local(u) for u in self.urls)
+        self._gpu_reader = gpu_reader
+        self._clock = clock
+        self._client: httpx.AsyncClient | None = None
+
+    async def collect(self, timeout: float = 5.0) -> Frame:
+        if self._client is None:
+            self._client = httpx.AsyncClient()
+        taken_at = self._clock()
+        snapshots = await asyncio.gather(*(scrape(self._client, u, timeout) for u in self.urls))
+        # NVML calls block; a thread keeps the event loop (and the UI) responsive meanwhile.
+        gpus = await asyncio.to_thread(self._gpu_reader) if self.read_gpus_here else None
+        return Frame(taken_at, tuple(snapshots), gpus)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+async def look_once(collector: Collector, interval_s: float, settings, on_frame=None):
+    """Two scrapes `interval_s` apart folded into a state (`--once`): one look, but with rates.
+
+    Latency quantiles in such a state should come from `Settings(since_start=True)`: a window of
+    half a second says nothing.
+    """
+    from proxima.tui.state import DashboardState
+
+    state = DashboardState.empty(collector.urls, settings)
+    try:
+        for k in range(2):
+            if k:
+                await asyncio.sleep(interval_s)
+            frame = await collector.collect(scrape_timeout(interval_s))
+            if on_frame is not None:
+                on_frame(frame)
+            state = state.advance(frame)
+    finally:
+        await collector.aclose()
+    return state
