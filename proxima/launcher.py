@@ -66,6 +66,11 @@ class ManagedServer:
         self._log = None
 
     def start(self, timeout: float = 300.0) -> ManagedServer:
+        """Spawn the server and wait until it answers /health."""
+        return self.spawn().wait_ready(timeout)
+
+    def spawn(self) -> ManagedServer:
+        """Start the process without waiting (several servers can then start side by side)."""
         log_path = self.spec.log_path or Path(os.devnull)
         self._log = open(log_path, "ab")
         env = {**os.environ, **self.spec.env}
@@ -74,6 +79,10 @@ class ManagedServer:
             self.spec.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
         )
+        return self
+
+    def wait_ready(self, timeout: float = 300.0) -> ManagedServer:
+        assert self._proc is not None, "spawn() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

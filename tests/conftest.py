@@ -36,28 +36,36 @@ def server_logs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
 
 
-def _session_server(request, tiny_model: str, server_logs: Path, variant: str):
-    server = ManagedServer(
-        ServerSpec(model=tiny_model, variant=variant, args=SERVER_ARGS,
-                   log_path=server_logs / f"{variant}.log")
-    )
-    request.addfinalizer(server.stop)
-    return server.start()
+@pytest.fixture(scope="session")
+def session_servers(request, tiny_model, server_logs) -> dict[str, ManagedServer]:
+    """The three session servers, spawned side by side (start-up is mostly waiting), started
+    on the first test that asks for any of them."""
+    servers = {
+        variant: ManagedServer(ServerSpec(model=tiny_model, variant=variant, args=SERVER_ARGS,
+                                          log_path=server_logs / f"{variant}.log"))
+        for variant in ("token", "stock", "block")
+    }
+    for server in servers.values():
+        request.addfinalizer(server.stop)
+        server.spawn()
+    for server in servers.values():
+        server.wait_ready(timeout=600)
+    return servers
 
 
 @pytest.fixture(scope="session")
-def proxima_server(request, tiny_model, server_logs) -> ManagedServer:
+def proxima_server(session_servers) -> ManagedServer:
     """`proxima serve` with the token allocator."""
-    return _session_server(request, tiny_model, server_logs, "token")
+    return session_servers["token"]
 
 
 @pytest.fixture(scope="session")
-def stock_server(request, tiny_model, server_logs) -> ManagedServer:
+def stock_server(session_servers) -> ManagedServer:
     """Plain vLLM, no Proxima."""
-    return _session_server(request, tiny_model, server_logs, "stock")
+    return session_servers["stock"]
 
 
 @pytest.fixture(scope="session")
-def block_server(request, tiny_model, server_logs) -> ManagedServer:
+def block_server(session_servers) -> ManagedServer:
     """`proxima serve --proxima-allocator block`: stock allocation with Proxima telemetry."""
-    return _session_server(request, tiny_model, server_logs, "block")
+    return session_servers["block"]
