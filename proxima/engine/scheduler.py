@@ -28,6 +28,7 @@ from proxima.engine.settings import ProximaConfigError, ProximaSettings
 from proxima.metrics.otel_env import RequestKVFacts, otlp_endpoint_from_env
 from proxima.metrics import catalog
 from proxima.metrics.prometheus import PrometheusKVExporter
+from proxima.metrics.sink import KVTelemetrySink
 
 # Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -77,7 +78,7 @@ class ProximaScheduler(Scheduler):
 
         engine = str(vllm_config.parallel_config.data_parallel_rank)
         self.kv_exporter = PrometheusKVExporter(CollectorRegistry(), engine=engine)
-        self.kv_sinks: list = [self.kv_exporter]
+        self.kv_sinks: list[KVTelemetrySink] = [self.kv_exporter]
         self.otel_exporter = None
         endpoint = otlp_endpoint_from_env()
         if endpoint is not None:

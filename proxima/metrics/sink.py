@@ -1,0 +1,20 @@
+"""The interface every KV telemetry sink implements (Prometheus, OpenTelemetry, test recorders).
+
+The scheduler calls each sink once per step (`publish`), per allocator operation
+(`observe_latency`), per preemption and per finished request; sinks never call back into it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from proxima.engine.kv_stats import KVStats
+from proxima.metrics.otel_env import RequestKVFacts
+
+
+class KVTelemetrySink(Protocol):
+    def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None: ...
+    def observe_latency(self, op: str, seconds: float) -> None: ...
+    def count_preemption(self) -> None: ...
+    def publish(self, stats: KVStats) -> None: ...
+    def request_finished(self, facts: RequestKVFacts) -> None: ...
