@@ -24,6 +24,7 @@ class GpuSnapshot:
     memory_total_bytes: int | None
     utilization_pct: float | None
     power_watts: float | None
+    driver_version: str | None = None
 
     @property
     def memory_fraction(self) -> float | None:
@@ -58,6 +59,8 @@ def read_gpus() -> tuple[GpuSnapshot, ...]:
     if nvml is None:
         return ()
     count = _read(nvml.nvmlDeviceGetCount) or 0
+    driver = _read(nvml.nvmlSystemGetDriverVersion)
+    driver = driver.decode() if isinstance(driver, bytes) else driver
     gpus = []
     for i in range(count):
         handle = _read(nvml.nvmlDeviceGetHandleByIndex, i)
@@ -75,6 +78,7 @@ def read_gpus() -> tuple[GpuSnapshot, ...]:
                 memory_total_bytes=int(mem.total) if mem is not None else None,
                 utilization_pct=float(util.gpu) if util is not None else None,
                 power_watts=power / 1000.0 if power is not None else None,
+                driver_version=driver,
             )
         )
     return tuple(gpus)

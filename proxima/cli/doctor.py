@@ -16,7 +16,8 @@ _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "e
 
 
 def doctor(
-    url: str = typer.Argument(None, help="Server to diagnose, Proxima or stock vLLM [default: http://127.0.0.1:8000]."),
+    url: str = typer.Argument(None, metavar="URL", help="Server to diagnose, Proxima or stock vLLM "
+                              "(default: http://127.0.0.1:8000)."),
     checks: str = typer.Option(None, "--checks", help="Comma-separated checks to run (default: all; a wrong "
                                "name lists them)."),
     json_output: bool = typer.Option(False, "--json", help="One JSON report on stdout, for machines."),
@@ -30,6 +31,8 @@ def doctor(
                                      "(vLLM does not export it), for oom_risk."),
 ) -> None:
     import asyncio
+    import contextlib
+    import signal
 
     from proxima.probes.base import DoctorOptions
     from proxima.probes.runner import DESCRIPTIONS, parse_checks, run_doctor
@@ -42,7 +45,7 @@ def doctor(
     try:
         selected = parse_checks(checks)
     except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--checks") from None
+        fail(f"--checks: {err}")
     options = DoctorOptions(window_s=window, compare_url=compare, typical_tokens=typical_tokens,
                             max_num_seqs=max_num_seqs)
 
@@ -53,11 +56,17 @@ def doctor(
         def progress(name: str, index: int, total: int) -> None:
             status.update(f"proxima doctor [{index + 1}/{total}] {name}: {DESCRIPTIONS[name]}")
 
+        async def main():
+            # SIGTERM cancels like Ctrl-C does, so that the probes' finally blocks stop their load.
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+            return await run_doctor(url, selected, options, progress)
+
         try:
-            report = asyncio.run(run_doctor(url, selected, options, progress))
-        except KeyboardInterrupt:
+            report = asyncio.run(main())
+        except (KeyboardInterrupt, asyncio.CancelledError) as err:
             err_console.print("proxima doctor: interrupted; all load stopped")
-            raise typer.Exit(130) from None
+            raise typer.Exit(130 if isinstance(err, KeyboardInterrupt) else 143) from None
 
     if json_output:
         import json

