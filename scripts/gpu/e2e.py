@@ -36,8 +36,10 @@ ENGINES = {
     # (proxima.tiny_model, 8B-like attention: head 128, GQA 4:1) in bf16.
     "stock-triton-seeded": (False, "TRITON_ATTN", 2 * GiB, ["greedy"]),
     "proxima-seeded": (True, "CUSTOM", 2 * GiB, ["greedy"]),
+    # Control: two stock kernels against each other, to size bf16 divergence between kernels.
+    "stock-fa3-seeded": (False, "FLASH_ATTN", 2 * GiB, ["greedy"]),
 }
-SEEDED = {"stock-triton-seeded", "proxima-seeded"}
+SEEDED = {"stock-triton-seeded", "proxima-seeded", "stock-fa3-seeded"}
 
 
 def build_seeded_model(path: Path) -> None:
@@ -181,7 +183,8 @@ def main() -> None:
 
 def summarize(out_dir: Path) -> None:
     res = {p.stem: json.loads(p.read_text()) for p in out_dir.glob("*.json") if p.stem in ENGINES}
-    for ours, theirs in (("proxima-8g", "stock-triton-8g"), ("proxima-seeded", "stock-triton-seeded")):
+    for ours, theirs in (("proxima-8g", "stock-triton-8g"), ("proxima-seeded", "stock-triton-seeded"),
+                         ("proxima-seeded", "stock-fa3-seeded"), ("stock-fa3-seeded", "stock-triton-seeded")):
         if ours in res and theirs in res and "greedy" in res[ours]:
             compare_greedy(ours, theirs, res[ours]["greedy"], res[theirs]["greedy"])
     summarize_throughput(res)

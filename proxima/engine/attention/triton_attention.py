@@ -17,9 +17,24 @@ decode):
   host (no sync, CUDA-graph friendly); surplus programs exit at once.
 - K/V are read ``BLOCK_N`` token positions at a time, each position's slot looked up in
   ``slot_table``, with an online softmax in float32.
-- the tile loop lives in ``_attend_kv_tiles`` and takes a ``[tile_start, tile_end)`` range, so a
-  split-KV (flash-decoding) variant can run it on a slice of the context per program, store
-  ``(acc, l, m)`` partials, and merge them in a small reduce kernel.
+- the tile loop lives in ``_attend_kv_tiles`` and takes a ``[tile_start, tile_end)`` range.
+
+Split-KV (flash-decoding), for launches whose grid is too small to fill the GPU (small batches
+of long decodes: the grid is ~ requests x Hkv programs, each walking its whole context alone):
+
+- the same kernel, compiled with ``SPLIT``, gets a third grid axis of ``num_splits`` programs per
+  query tile; split ``s`` attends KV tiles ``[s*n // S, (s+1)*n // S)`` of the ``n`` its query
+  tile can see, so segments are whole ``BLOCK_N`` tiles, balanced per request, computed in the
+  kernel from the real ``seq_lens``. Segments never depend on the hint: a stale or missing
+  ``max_seq_len`` (graph capture) costs speed only, and a split count above a request's tile
+  count leaves empty segments, which store the neutral partial (m = -inf, l = 0);
+- every program stores unnormalised ``(acc, m, l)`` per row into a float32 workspace sized from
+  host-known numbers only (T, Hq, D, S), and ``_merge_splits_kernel`` combines the S partials of
+  each (token, head) with a log-sum-exp into ``output``;
+- one split count per launch applies to every tile, prefill tiles included: correctness never
+  rests on the batch being decode-only, the kernel body stays one, and a short chunked prefill
+  over a long context (few tiles) gains the same parallelism. Splits are only chosen when the
+  grid is small, which keeps T small; a byte budget caps the workspace regardless.
 
 Constraints: head size is padded to a power of two >= 16 inside the kernel (any D works; a power
 of two wastes nothing). Storage must be fp16, bf16 or fp32 with unit stride along D.
@@ -27,7 +42,9 @@ of two wastes nothing). Storage must be fp16, bf16 or fp32 with unit stride alon
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cache, lru_cache
 
 import torch
 import triton
@@ -87,6 +104,48 @@ def choose_tiles(
         block_n //= 2
     block_m = max(rows, triton.next_power_of_2(group))
     return TileConfig(block_m=block_m, block_n=block_n, num_stages=num_stages)
+
+
+# Split-KV launch model, after FlashAttention-2's num_splits_heuristic (its two programs per SM
+# and 85% efficiency slack). Two is also what fits here: the bf16 decode kernel compiles for
+# sm_90 to 255 registers x 128 threads, half an SM's 64K registers. The caps (4 waves, 64
+# splits) are ours: past a few waves more splits only add partials to write and merge.
+_PROGRAMS_PER_SM = 2
+_MAX_SPLIT_WAVES = 4
+_MAX_SPLITS = 64
+_SPLIT_EFFICIENCY_SLACK = 0.85
+# vLLM's profiling run never reaches attention, so this temporary is not in its memory budget:
+# keep it small (decode batches that split need well under 1 MiB; this bites only on odd shapes).
+_SPLIT_WORKSPACE_BUDGET_BYTES = 16 << 20
+
+
+@lru_cache(maxsize=1024)  # pure, and asked per layer per step: the loop below is ~64 iterations
+def choose_num_splits(num_programs: int, num_kv_tiles: int, num_sms: int | None) -> int:
+    """KV splits per query tile, from host-known numbers only (the choice is baked into graphs).
+
+    ``num_programs``: query tiles x KV heads of the unsplit grid (an estimate is fine);
+    ``num_kv_tiles``: ``BLOCK_N`` tiles of the longest context that may run (the hint, or the
+    slot table width when there is none); ``num_sms``: None where there is no GPU (the
+    interpreter), which never splits. Any value >= 1 is correct.
+
+    Rule: no split when the grid already fills a wave of ``2 x SMs`` programs; otherwise the
+    smallest S whose wave efficiency ``waves / ceil(waves)`` (waves = programs x S / slots) is
+    within 15% of the best S up to min(64, KV tiles, 4 waves' worth): the fewest splits that
+    leave no mostly idle last wave. H200 (132 SMs, Hkv=8, decode): batch 1 -> 28-29 splits,
+    batch 8 -> 4, batch >= 32 -> 1 (those ran at 97% of copy bandwidth already).
+    """
+    if num_sms is None or num_kv_tiles < 2:
+        return 1
+    slots = _PROGRAMS_PER_SM * num_sms
+    if num_programs >= slots:
+        return 1
+    max_splits = min(_MAX_SPLITS, num_kv_tiles, max(1, _MAX_SPLIT_WAVES * slots // max(1, num_programs)))
+    efficiency = []
+    for splits in range(1, max_splits + 1):
+        waves = num_programs * splits / slots
+        efficiency.append(waves / math.ceil(waves))
+    floor = _SPLIT_EFFICIENCY_SLACK * max(efficiency)
+    return next(i + 1 for i, e in enumerate(efficiency) if e >= floor)
 
 
 @triton.jit
@@ -183,16 +242,19 @@ def _attend_kv_tiles(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens"])
+@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens", "num_splits"])
 def _slot_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
-    qk_scale, num_requests, num_actual_tokens,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
+    qk_scale, num_requests, num_actual_tokens, num_splits,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_s, stride_k_h, stride_v_s, stride_v_h, stride_table_r,
+    stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
 ):
+    """Unified (``SPLIT`` False: writes ``out``) or one KV segment (``SPLIT``: writes partials)."""
     tile_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
     req = _find_request(query_start_loc_ptr, tile_idx, num_requests, BLOCK_Q)
@@ -221,16 +283,71 @@ def _slot_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     # Keys past the tile's last query position are masked for every row: do not visit them.
     num_keys = context + tl.minimum((local_tile + 1) * BLOCK_Q, q_len)
+    num_kv_tiles = tl.cdiv(num_keys, BLOCK_N)
+    if SPLIT:
+        # Balanced whole-tile segments of this tile's own range: lengths differ by at most one
+        # tile, and splits beyond num_kv_tiles get an empty range.
+        split = tl.program_id(2)
+        tile_start = split * num_kv_tiles // num_splits
+        tile_end = (split + 1) * num_kv_tiles // num_splits
+    else:
+        tile_start = 0
+        tile_end = num_kv_tiles
     slot_row_ptr = slot_table_ptr + req.to(tl.int64) * stride_table_r
     acc, l_i, m_i = _attend_kv_tiles(
         q, acc, l_i, m_i,
         k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, slot_row_ptr, seq_len, q_abs_pos,
-        qk_scale, stride_k_s, stride_v_s, 0, tl.cdiv(num_keys, BLOCK_N),
+        qk_scale, stride_k_s, stride_v_s, tile_start, tile_end,
         HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
     )
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if SPLIT:
+        # m and l always (an empty segment's -inf / 0 is what tells the merge to skip it); acc
+        # only when something was read, so empty segments cost two stores per row.
+        ml = token * stride_ml_t + head * stride_ml_h + split
+        tl.store(m_ws_ptr + ml, m_i, mask=row_ok)
+        tl.store(l_ws_ptr + ml, l_i, mask=row_ok)
+        if tile_start < tile_end:
+            row = token * stride_acc_t + head * stride_acc_h + split * stride_acc_s
+            tl.store(acc_ws_ptr + row[:, None] + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens", "num_splits"])
+def _merge_splits_kernel(
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr, out_ptr, query_start_loc_ptr,
+    num_requests, num_actual_tokens, num_splits,
+    stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h, stride_o_t, stride_o_h,
+    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    """``output[t, h]`` = log-sum-exp merge of the split partials of one (token, head)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    # Exactly the rows the unified kernel writes: every row in [qsl[0], qsl[R]) belongs to a
+    # request, cut at num_actual_tokens. Other rows' partials were never written (garbage).
+    first = tl.load(query_start_loc_ptr)
+    last = tl.minimum(tl.load(query_start_loc_ptr + num_requests), num_actual_tokens)
+    if (token < first) | (token >= last):
+        return
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    ml = token * stride_ml_t + head * stride_ml_h + offs_s
+    maxes = tl.load(m_ws_ptr + ml, mask=offs_s < num_splits, other=float("-inf"))
+    sums = tl.load(l_ws_ptr + ml, mask=offs_s < num_splits, other=0.0)
+    m_max = tl.max(maxes, 0)
+    weight = tl.exp2(maxes - tl.where(m_max > float("-inf"), m_max, 0.0))  # 0 for empty segments
+    # An empty segment's acc was never stored: it must not be loaded, not merely weighted 0.
+    seen = maxes > float("-inf")
+    row = token * stride_acc_t + head * stride_acc_h + offs_s * stride_acc_s
+    acc = tl.load(acc_ws_ptr + row[:, None] + offs_d[None, :],
+                  mask=seen[:, None] & (offs_d < HEAD_SIZE)[None, :], other=0.0)
+    num = tl.sum(acc * weight[:, None], 0)
+    den = tl.sum(sums * weight, 0)
+    out = num / tl.where(den > 0.0, den, 1.0)
+    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_SIZE)
 
 
 def slot_attention_triton(
@@ -250,8 +367,9 @@ def slot_attention_triton(
     """Triton ``slot_attention_torch``: same signature, same semantics, writes ``output`` in place.
 
     ``max_query_len`` / ``max_seq_len`` are optional host-side hints (vLLM's metadata has them):
-    they only pick tile shapes (``max_seq_len`` is reserved for a split-KV decode variant) and
-    never change the result, so a stale hint costs speed, not correctness.
+    they pick tile shapes and the split-KV count, and never change the result, so a stale hint
+    costs speed, not correctness. Without ``max_seq_len``, or while a CUDA graph is being
+    captured (the graph replays with other lengths), the slot table width stands in for it.
 
     Metadata values are trusted (checking them would sync the device): ``query_start_loc`` must be
     non-decreasing with ``query_start_loc[-1] <= T``, and ``q_len <= seq_lens[r] <= slot_table
@@ -275,25 +393,92 @@ def slot_attention_triton(
         return output
     group = num_query_heads // num_kv_heads
     head_size_pad = max(16, triton.next_power_of_2(head_size))
-    del max_seq_len  # accepted for the split-KV variant; the unified kernel has no use for it
     tiles = choose_tiles(num_tokens, num_requests, group, head_size_pad, query.dtype.itemsize, max_query_len)
     block_q = tiles.block_m // group
     # Request r's tiles start at query_start_loc[r] // block_q + r, and every tile index is below
     # query_start_loc[R] // block_q + R <= T // block_q + R: an upper bound from shapes alone.
-    grid = (num_tokens // block_q + num_requests, num_kv_heads)
-    _slot_attention_kernel[grid](
-        query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens,
-        float(scale) * _LOG2_E, num_requests, num_tokens if num_actual_tokens is None else num_actual_tokens,
+    num_tiles = num_tokens // block_q + num_requests
+    # Real tiles number at most T (each holds a token): the tighter estimate for a decode batch.
+    num_splits = choose_num_splits(min(num_tiles, num_tokens) * num_kv_heads,
+                                   triton.cdiv(_longest_context(slot_table, max_seq_len), tiles.block_n),
+                                   _num_sms(query.device))
+    _require(isinstance(num_splits, int) and num_splits >= 1,
+             f"slot_attention_triton: choose_num_splits gave {num_splits!r}; it must be an int >= 1")
+    bytes_per_split = num_tokens * num_query_heads * (head_size + 2) * 4
+    num_splits = min(num_splits, max(1, _SPLIT_WORKSPACE_BUDGET_BYTES // bytes_per_split))
+    if num_splits == 1:
+        # Placeholders: the unified kernel compiles every use of the workspace away.
+        acc_ws, m_ws, l_ws, ws_strides = output, output, output, (0,) * 5
+    else:
+        acc_ws, m_ws, l_ws = _split_workspace(num_tokens, num_query_heads, num_splits, head_size,
+                                              query.device)
+        ws_strides = (*acc_ws.stride()[:3], *m_ws.stride()[:2])
+    row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
+    _slot_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
+        query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws,
+        float(scale) * _LOG2_E, num_requests, row_limit, num_splits,
         query.stride(0), query.stride(1), output.stride(0), output.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), slot_table.stride(0),
+        *ws_strides,
         HEAD_SIZE=head_size, HEAD_SIZE_PAD=head_size_pad, GROUP=group,
         BLOCK_Q=block_q, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, DOT_DTYPE=_dot_dtype(query.dtype),
         # fp32 storage would otherwise be multiplied in TF32 (10-bit mantissa); 3xTF32 kept
         # fp32-level error (3e-7 vs 3e-7 for "ieee") at 2-30x the speed on the H200.
         DOT_PRECISION="tf32x3" if query.dtype.itemsize == 4 else "tf32",
+        SPLIT=num_splits > 1,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
+    if num_splits > 1:
+        splits_pad = triton.next_power_of_2(num_splits)
+        _merge_splits_kernel[(num_tokens, num_query_heads)](
+            acc_ws, m_ws, l_ws, output, query_start_loc, num_requests, row_limit, num_splits,
+            *ws_strides, output.stride(0), output.stride(1),
+            HEAD_SIZE=head_size, HEAD_SIZE_PAD=head_size_pad, SPLITS_PAD=splits_pad,
+            # The whole [S, D] block sits in registers: 8 warps once it passes 8K floats.
+            num_warps=4 if splits_pad * head_size_pad <= 8192 else 8,
+        )
     return output
+
+
+def _split_workspace(
+    num_tokens: int, num_heads: int, num_splits: int, head_size: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Float32 partials ``acc [T, Hq, S, D]``, ``m [T, Hq, S]``, ``l [T, Hq, S]`` (S contiguous).
+
+    Sizes are host-known, so this is graph-capturable (inside a capture it comes from the
+    graph's pool). One allocation, as it runs per layer per step; uninitialised on purpose: the
+    merge reads only partials written first.
+    """
+    rows = num_tokens * num_heads * num_splits
+    buffer = torch.empty(rows * (head_size + 2), dtype=torch.float32, device=device)
+    acc = buffer[: rows * head_size].view(num_tokens, num_heads, num_splits, head_size)
+    maxes, sums = buffer[rows * head_size:].view(2, num_tokens, num_heads, num_splits).unbind(0)
+    return acc, maxes, sums
+
+
+def _longest_context(slot_table: Tensor, max_seq_len: int | None) -> int:
+    """Longest context a launch may see, from the host: the hint, else the slot table width.
+
+    A graph captured now replays with other lengths (vLLM captures with dummy ones), so during
+    capture only the width, which bounds every seq_len, is a safe basis for the split count.
+    """
+    width = slot_table.shape[1]
+    capturing = slot_table.is_cuda and torch.cuda.is_current_stream_capturing()
+    if max_seq_len is None or capturing:
+        return width
+    return max(1, min(int(max_seq_len), width))
+
+
+@cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int | None:
+    """SMs of a CUDA device (cached: it is asked per layer per step); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _dot_dtype(storage: torch.dtype) -> tl.dtype:

@@ -1,0 +1,300 @@
+"""Split-KV (flash-decoding) path of ``slot_attention_triton`` against ``slot_attention_torch``.
+
+Without CUDA the kernels run under the Triton interpreter: TRITON_INTERPRET is read when a kernel
+is decorated, so it is set here before anything imports Triton (as in test_attention_kernels.py);
+on a CUDA machine the same tests run the real kernels. The interpreter knows no SM count and so
+never splits on its own: tests force a split count (and 16-token KV tiles, so a context of at
+most 96 tokens spans up to 6 segments) by replacing ``choose_tiles`` / ``choose_num_splits``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxima.engine.attention.reference import slot_attention_torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter's own use of numpy (tensor-as-index) warns on every program; not ours to fix.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+)
+GARBAGE_SLOT = 1 << 29  # out of range on purpose: any read of an entry past seq_len would fault
+KV_TILE = 16  # forced BLOCK_N: segments are whole tiles, so a 96-token context has 6 of them
+
+# (q_len, seq_len): decodes over 6, 3, 1 and 1 tiles (the short ones leave segments empty once
+# S > their tile count), a full prefill, chunked prefills over cached context (one with a tile
+# boundary mid-chunk), a request with no queries mid-batch, and a padding request at the end.
+MIXED = [(1, 96), (1, 40), (7, 7), (1, 9), (12, 70), (0, 6), (1, 1), (5, 21), (0, 0)]
+DECODES = [(1, 96), (1, 9), (1, 50), (1, 1), (1, 17)]
+
+
+@dataclass(slots=True)
+class Batch:
+    query: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_table: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+    output: torch.Tensor  # poisoned with NaN
+
+    def args(self, output: torch.Tensor | None = None) -> tuple:
+        return (self.query, self.k_cache, self.v_cache, self.slot_table, self.query_start_loc,
+                self.seq_lens, self.scale, self.output if output is None else output)
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.query_start_loc[-1])
+
+
+def make_batch(
+    requests: list[tuple[int, int]], num_query_heads: int, num_kv_heads: int, head_size: int, *,
+    seed: int, dtype: torch.dtype = torch.float32, pad_rows: int = 3,
+) -> Batch:
+    """Fragmented slots; K|V side by side per head in one row (the backend's layout)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_slots = sum(s for _, s in requests) + 7  # spare slots hold unrelated data
+    rows = torch.randn(num_slots, num_kv_heads, 2 * head_size, generator=gen).to(dtype)
+    order = torch.randperm(num_slots, generator=gen)
+    slot_table = torch.full((len(requests) + 1, max(s for _, s in requests) + 4), GARBAGE_SLOT,
+                            dtype=torch.int32)
+    taken = 0
+    for r, (_, seq_len) in enumerate(requests):
+        slot_table[r, :seq_len] = order[taken:taken + seq_len].to(torch.int32)
+        taken += seq_len
+    q_lens = torch.tensor([q for q, _ in requests])
+    query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]).to(torch.int32)
+    query = torch.randn(int(query_start_loc[-1]) + pad_rows, num_query_heads, head_size, generator=gen)
+    rows, query = rows.to(DEVICE), query.to(dtype).to(DEVICE)
+    return Batch(
+        query=query, k_cache=rows[..., :head_size], v_cache=rows[..., head_size:],
+        slot_table=slot_table.to(DEVICE), query_start_loc=query_start_loc.to(DEVICE),
+        seq_lens=torch.tensor([s for _, s in requests], dtype=torch.int32, device=DEVICE),
+        scale=1.0 / math.sqrt(head_size), output=torch.full_like(query, float("nan")),
+    )
+
+
+def expected_of(b: Batch, num_actual_tokens: int | None = None) -> torch.Tensor:
+    out = torch.full_like(b.output, float("nan"))
+    return slot_attention_torch(*b.args(out), num_actual_tokens=num_actual_tokens).float().cpu()
+
+
+def assert_rows(out: torch.Tensor, expected: torch.Tensor, num_written: int, tol: float) -> None:
+    """Rows below num_written match; every row from num_written on is still NaN (untouched)."""
+    out = out.float().cpu()
+    assert torch.isfinite(out[:num_written]).all()
+    torch.testing.assert_close(out[:num_written], expected[:num_written], atol=tol, rtol=tol)
+    assert torch.isnan(out[num_written:]).all()
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return 2e-2 if dtype == torch.bfloat16 else 1e-3
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    pytest.importorskip("triton")
+    from proxima.engine.attention import triton_attention as module
+
+    if DEVICE == "cpu" and not module._interpreting():
+        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set; run this module on its own")
+    return module
+
+
+@pytest.fixture
+def force(kernels, monkeypatch: pytest.MonkeyPatch):
+    """force(S): the next launches use S splits (1 = the unified kernel) over 16-token KV tiles.
+    Records each launch's (num_programs, num_kv_tiles) in the returned list."""
+    calls: list[tuple[int, int]] = []
+
+    def apply(num_splits: int, small_tiles: bool = True) -> list[tuple[int, int]]:
+        if small_tiles:
+            def tiles(num_tokens, num_requests, group, *rest):
+                return kernels.TileConfig(block_m=max(16, 1 << (group - 1).bit_length()), block_n=KV_TILE)
+            monkeypatch.setattr(kernels, "choose_tiles", tiles)
+
+        def splits(num_programs, num_kv_tiles, num_sms):
+            calls.append((num_programs, num_kv_tiles))
+            return num_splits
+        monkeypatch.setattr(kernels, "choose_num_splits", splits)
+        return calls
+
+    return apply
+
+
+def run_split(kernels, b: Batch, **kwargs) -> torch.Tensor:
+    out = kernels.slot_attention_triton(*b.args(), **kwargs)
+    assert out is b.output
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# results: forced splits vs the torch path
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 4, 5])
+def test_forced_splits_match_torch_on_a_mixed_batch(kernels, force, num_splits: int) -> None:
+    # S = 1 is the unified kernel (the launcher's routing); 2..5 cut the 6-tile decode into
+    # uneven segments and leave empty segments for the 1-tile requests and the early prefill rows.
+    force(num_splits)
+    b = make_batch(MIXED, 4, 2, 32, seed=num_splits)
+    run_split(kernels, b, max_query_len=12, max_seq_len=96)
+    assert_rows(b.output, expected_of(b), b.num_queries, 1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_size", [32, 48], ids=["d32", "d48-padded"])
+@pytest.mark.parametrize("heads", [(4, 2), (8, 1)], ids=["gqa4:2", "gqa8:1"])
+def test_split_heads_sizes_dtypes_match_torch(kernels, force, heads, head_size: int, dtype) -> None:
+    force(3)
+    b = make_batch(MIXED, *heads, head_size, seed=head_size + heads[0], dtype=dtype)
+    run_split(kernels, b)
+    assert b.output.dtype == dtype
+    assert_rows(b.output, expected_of(b), b.num_queries, tolerance(dtype))
+
+
+def test_more_splits_than_any_request_has_tiles(kernels, force) -> None:
+    # 5 splits over requests of 1-2 tiles: most programs see an empty range and must store the
+    # neutral partial (m = -inf, l = 0), which the merge skips without reading their acc.
+    force(5)
+    b = make_batch([(1, 9), (1, 1), (1, 17), (1, 32), (1, 16)], 4, 2, 32, seed=41)
+    run_split(kernels, b, max_query_len=1, max_seq_len=32)
+    assert_rows(b.output, expected_of(b), b.num_queries, 1e-3)
+
+
+def test_merge_reads_only_written_partials(kernels, force, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A NaN-filled workspace: any partial the merge reads without the split kernel having written
+    # it (an empty segment's acc, a padding row) turns the output NaN.
+    allocate = kernels._split_workspace
+
+    def poisoned(*args):
+        return tuple(t.fill_(float("nan")) for t in allocate(*args))
+    monkeypatch.setattr(kernels, "_split_workspace", poisoned)
+    force(5)
+    b = make_batch(MIXED, 4, 2, 32, seed=8)
+    limit = b.num_queries - 2
+    run_split(kernels, b, num_actual_tokens=limit)
+    assert_rows(b.output, expected_of(b, limit), limit, 1e-3)
+
+
+def test_workspace_budget_caps_the_split_count(kernels, force, monkeypatch: pytest.MonkeyPatch) -> None:
+    force(5)
+    b = make_batch(DECODES, 4, 2, 32, seed=12)
+    bytes_per_split = b.query.shape[0] * 4 * (32 + 2) * 4  # T x Hq x (D + 2) float32
+    monkeypatch.setattr(kernels, "_SPLIT_WORKSPACE_BUDGET_BYTES", 2 * bytes_per_split + 1)
+    allocate, asked = kernels._split_workspace, []
+
+    def spy(num_tokens, num_heads, num_splits, head_size, device):
+        asked.append(num_splits)
+        return allocate(num_tokens, num_heads, num_splits, head_size, device)
+    monkeypatch.setattr(kernels, "_split_workspace", spy)
+    run_split(kernels, b)
+    assert asked == [2]
+    assert_rows(b.output, expected_of(b), b.num_queries, 1e-3)
+
+
+def test_split_stops_at_num_actual_tokens(kernels, force) -> None:
+    force(4)
+    b = make_batch(MIXED, 4, 2, 32, seed=5)
+    limit = int(b.query_start_loc[4]) + 5  # cuts the chunked prefill of request 4 in half
+    run_split(kernels, b, num_actual_tokens=limit)
+    assert_rows(b.output, expected_of(b, limit), limit, 1e-3)
+
+
+def test_split_with_default_tiles_and_strided_output(kernels, force) -> None:
+    # The launcher's own tiles (bf16: 64-token KV tiles, 2 of them at most here), int64
+    # metadata, and query/output as head-strided views of wider buffers, as a fused QKV gives.
+    force(2, small_tiles=False)
+    b = make_batch(DECODES, 4, 2, 32, seed=9, dtype=torch.bfloat16)
+    wide_q = torch.zeros(b.query.shape[0], 4, 64, dtype=b.query.dtype, device=DEVICE)
+    wide_q[..., :32] = b.query
+    wide_out = torch.full_like(wide_q, float("nan"))
+    b.query, b.output = wide_q[..., :32], wide_out[..., :32]
+    b.query_start_loc, b.seq_lens = b.query_start_loc.long(), b.seq_lens.long()
+    b.slot_table = b.slot_table.long()
+    run_split(kernels, b)
+    assert_rows(b.output, expected_of(b), b.num_queries, 2e-2)
+    assert torch.isnan(wide_out[..., 32:]).all()  # the other half of each row is not ours
+
+
+# ---------------------------------------------------------------------------------------------
+# graph capture: the split count comes from host-known sizes only
+
+
+def test_capture_like_call_uses_table_width_and_replays_correctly(kernels, force, monkeypatch) -> None:
+    """vLLM captures a decode graph with seq_lens of 1 and replays it with real lengths, and the
+    hint may be absent. The real rule (with a pretend 16-SM GPU) must pick the same split count
+    for both calls, from the table width, and the 'replay' must still match torch."""
+    rule = kernels.choose_num_splits
+    force(1)  # small tiles; the split count goes back to the real rule just below
+    monkeypatch.setattr(kernels, "choose_num_splits", _recording(rule, seen := []))
+    monkeypatch.setattr(kernels, "_num_sms", lambda device: 16)
+    b = make_batch(DECODES, 4, 2, 32, seed=3)
+    real_lens = b.seq_lens.clone()
+    b.seq_lens.fill_(1)  # "capture"
+    run_split(kernels, b, max_query_len=1, max_seq_len=None)
+    b.seq_lens.copy_(real_lens)  # "replay": same shapes, same host arguments
+    b.output.fill_(float("nan"))
+    run_split(kernels, b, max_query_len=1, max_seq_len=None)
+    width_tiles = math.ceil(b.slot_table.shape[1] / KV_TILE)
+    (inputs, splits), replayed = seen
+    assert replayed == (inputs, splits)
+    assert inputs[1:] == (width_tiles, 16)
+    assert splits > 1  # the rule did split: the replay ran the split path
+    assert_rows(b.output, expected_of(b), b.num_queries, 1e-3)
+
+
+def _recording(rule, seen: list):
+    def wrapper(num_programs, num_kv_tiles, num_sms):
+        result = rule(num_programs, num_kv_tiles, num_sms)
+        seen.append(((num_programs, num_kv_tiles, num_sms), result))
+        return result
+    return wrapper
+
+
+def test_longest_context_prefers_hint_and_bounds_it_by_the_table(kernels, force) -> None:
+    calls = force(1)
+    b = make_batch(DECODES, 4, 2, 32, seed=4)
+    width = b.slot_table.shape[1]
+    for hint in (None, 40, 10 * width):
+        run_split(kernels, b, max_seq_len=hint)
+    assert [tiles for _, tiles in calls] == [math.ceil(n / KV_TILE) for n in (width, 40, width)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the split-count rule (pure function)
+
+
+def test_split_rule_on_h200_shapes(kernels) -> None:
+    rule = kernels.choose_num_splits
+    # Hkv=8, decode: programs = batch x 8; KV tiles of 64 tokens; 132 SMs.
+    assert rule(1 * 8, 32768 // 64, 132) == 29  # one near-full wave of 232 programs
+    assert rule(1 * 8, 2048 // 64, 132) == 28
+    assert rule(8 * 8, 8192 // 64, 132) == 4
+    assert rule(32 * 8, 8192 // 64, 132) == 1  # already ~a full wave
+    assert rule(8, 1, 132) == 1  # one KV tile: nothing to split
+    assert rule(8, 512, None) == 1  # no GPU (interpreter): never split on its own
+
+
+@given(st.integers(1, 4096), st.integers(1, 4096), st.integers(1, 200))
+def test_split_rule_bounds(kernels, num_programs: int, num_kv_tiles: int, num_sms: int) -> None:
+    splits = kernels.choose_num_splits(num_programs, num_kv_tiles, num_sms)
+    assert 1 <= splits <= max(1, min(64, num_kv_tiles))
+    slots = 2 * num_sms
+    if num_programs >= slots:
+        assert splits == 1
+    else:  # at most 4 waves of programs: this bounds the workspace
+        assert splits == 1 or num_programs * splits <= 4 * slots
