@@ -196,6 +196,57 @@ def test_torch_rejects_inconsistent_metadata() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# (1b) packed rows: K and V halves of one row (the backend's layout) take the one-gather path
+
+PACKED_LAYOUTS = ["head-interleaved", "slot-interleaved"]
+EQUAL_DECODES = [(1, 9)] * 4  # no padding: the decode chunk runs without a mask
+
+
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+@pytest.mark.parametrize("heads", [(4, 2), (8, 1), (4, 4)], ids=["gqa4:2", "gqa8:1", "mha"])
+@pytest.mark.parametrize("requests", [MIXED, DECODES, EQUAL_DECODES, PREFILLS],
+                         ids=["mixed", "decodes", "equal-decodes", "prefills"])
+def test_torch_packed_rows_match_float64(layout: str, heads: tuple[int, int],
+                                         requests: list[tuple[int, int]]) -> None:
+    b = make_batch(requests, *heads, 32, fragmented=True, seed=len(requests) + heads[1], layout=layout)
+    assert reference.kv_rows(b.k_cache, b.v_cache) is not None
+    slot_attention_torch(*b.args())
+    assert_rows(b.output, naive_attention(b), int(b.query_start_loc[-1]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+def test_torch_packed_rows_under_small_gather_budget(monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    # Decode chunks of one or two requests taken longest first (rows out of batch order) and
+    # prefill pieces of a few rows (every piece after the first under an additive mask).
+    monkeypatch.setattr(reference, "_GATHER_BUDGET_ELEMENTS", 700)
+    b = make_batch(MIXED + DECODES, 4, 2, 32, fragmented=True, seed=17, layout=layout)
+    slot_attention_torch(*b.args())
+    assert_rows(b.output, naive_attention(b), int(b.query_start_loc[-1]), atol=1e-4, rtol=1e-4)
+
+
+def test_torch_packed_rows_bf16_and_num_actual_tokens() -> None:
+    b = make_batch(MIXED, 4, 2, 64, fragmented=True, seed=23, dtype=torch.bfloat16, layout="head-interleaved")
+    limit = int(b.query_start_loc[5]) + 4  # cuts the chunked prefill of request 5
+    slot_attention_torch(*b.args(), num_actual_tokens=limit)
+    assert_rows(b.output.float(), naive_attention(b), limit, atol=2e-2, rtol=2e-2)
+
+
+def test_kv_rows_detects_only_exact_row_tiling() -> None:
+    num_slots, heads, head_size = 6, 2, 8
+    kv = torch.randn(num_slots, 1, heads, 2 * head_size)  # the backend's per-layer tensor
+    rows = kv.view(num_slots, heads, 2 * head_size)
+    packed = reference.kv_rows(rows[..., :head_size], rows[..., head_size:])
+    assert packed is not None and packed[1] == head_size
+    assert torch.equal(packed[0], kv.view(num_slots, -1))
+    gen = torch.Generator().manual_seed(0)
+    assert reference.kv_rows(*kv_views(num_slots, heads, head_size, "split", gen, torch.float32)) is None
+    wide = torch.randn(num_slots, heads, 3 * head_size)  # a third block in every row is not K or V
+    assert reference.kv_rows(wide[..., :head_size], wide[..., head_size:2 * head_size]) is None
+    assert reference.kv_rows(rows[..., head_size:], rows[..., :head_size]) is None  # V before K
+    assert reference.kv_rows(rows[..., ::2], rows[..., 1::2]) is None  # head dim not contiguous
+
+
+# ---------------------------------------------------------------------------------------------
 # (3) write_kv
 
 
@@ -227,6 +278,32 @@ def _check_written(writer, seed: int, layout: str, index_dtype: torch.dtype) -> 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_write_kv_places_rows_and_skips_padding(layout: str, index_dtype: torch.dtype) -> None:
     _check_written(write_kv, 11, layout, index_dtype)
+
+
+@pytest.mark.parametrize("layout", KV_LAYOUTS)
+def test_write_kv_without_padding(layout: str) -> None:
+    key, value, k_cache, v_cache, _ = _write_case(13, layout, torch.int64)
+    slot_mapping = torch.tensor([5, 0, 39, 17, 2, 30, 8], device=DEVICE)  # 7 of the 9 rows, no padding
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    write_kv(key, value, k_cache, v_cache, slot_mapping)
+    for row, slot in enumerate(slot_mapping.tolist()):
+        k_before[slot], v_before[slot] = key[row], value[row]
+    assert torch.equal(k_cache, k_before)
+    assert torch.equal(v_cache, v_before)
+
+
+def test_write_kv_leaves_the_rest_of_a_row_alone() -> None:
+    # K and V two thirds of each row: not a packed layout, and the third block must survive.
+    num_slots, heads, head_size = 10, 2, 8
+    wide = torch.randn(num_slots, heads, 3 * head_size)
+    before = wide.clone()
+    key, value = torch.randn(2, 3, heads, head_size).unbind(0)
+    write_kv(key, value, wide[..., :head_size], wide[..., head_size:2 * head_size], torch.tensor([4, -1, 7]))
+    assert torch.equal(wide[..., 2 * head_size:], before[..., 2 * head_size:])
+    assert torch.equal(wide[[4, 7], :, :head_size], key[[0, 2]])
+    assert torch.equal(wide[[4, 7], :, head_size:2 * head_size], value[[0, 2]])
+    untouched = [s for s in range(num_slots) if s not in (4, 7)]
+    assert torch.equal(wide[untouched], before[untouched])
 
 
 def test_write_kv_rejects_out_of_range_slot() -> None:

@@ -8,9 +8,16 @@ This module is both the CPU production path and the reference the Triton kernels
 ``triton_attention.py`` are tested against, so it is batched torch, never a loop per token:
 
 - decode requests (query length 1) are attended together: their K/V is gathered through the
-  slot table into a padded ``[R, max_len, Hkv, D]`` tensor and softmaxed under a length mask;
+  slot table into a padded ``[R, Hkv, max_len, D]`` tensor and attended under a length mask by
+  one ``scaled_dot_product_attention`` call (GQA inside the kernel, no repeated K/V);
 - prefill and chunked-prefill requests go one request at a time through
   ``scaled_dot_product_attention`` with a causal mask offset by the context already cached.
+
+Speed on CPU comes from three choices, each measured (scripts/bench_cpu_attention.py): when K and
+V are the two halves of one row per slot (the backend's layout, see ``kv_rows``) one
+``index_select`` of whole rows gathers both; attention inputs are 4-D so the fused CPU kernel
+runs instead of the math fallback; and the metadata is planned in numpy, not torch, because
+this runs per layer per step on a handful of integers.
 
 Invariants of the contract (shared with the Triton launcher):
 
@@ -34,6 +41,12 @@ from torch import Tensor
 # and long prefills are cut into pieces under it, so a batch of long contexts cannot allocate
 # gigabytes of padded copies at once.
 _GATHER_BUDGET_ELEMENTS = 1 << 25
+# Decode chunks aim lower still (2 MiB of float32 K, as much V): a chunk's K/V is gathered and
+# read back at once by the kernel, and a block that stays in cache and under malloc's mmap
+# threshold (pages reused, not faulted in afresh each call) is several times faster than one big
+# pass on 8B-like shapes (scripts/bench_cpu_attention.py). Prefill pieces keep the larger bound:
+# cutting them forces masked pieces where one causal call would do.
+_DECODE_CHUNK_ELEMENTS = 1 << 19
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -310,9 +323,10 @@ def _attend_decodes(
     one ``scaled_dot_product_attention`` call with the query as ``[n, Hq, 1, D]``.
     """
     per_request_token = k_cache.shape[1] * k_cache.shape[2]  # elements of one K (or V) per position
+    budget = min(_GATHER_BUDGET_ELEMENTS, _DECODE_CHUNK_ELEMENTS)
 
     def chunk_size(max_len: int) -> int:
-        return max(1, _GATHER_BUDGET_ELEMENTS // max(max_len * per_request_token, 1))
+        return max(1, budget // max(max_len * per_request_token, 1))
 
     num_decodes = ctx_lens.shape[0]
     if chunk_size(int(ctx_lens.max())) >= num_decodes:  # the common case: one chunk, no sort
@@ -341,13 +355,14 @@ def _attend_decode_chunk(
     scale: float,
     output: Tensor,
 ) -> None:
+    """Decodes whose rows and requests are strictly increasing, padded to their longest context."""
     device = query.device
     num_kv_heads, head_size = k_cache.shape[1], k_cache.shape[2]
     num_query_heads = query.shape[1]
     num, max_len = ctx_lens.shape[0], int(ctx_lens.max())
     slots = _select(slot_table, req_ids)[:, :max_len]
     mask = None
-    if False:
+    if int(ctx_lens.min()) < max_len:
         lens = torch.from_numpy(ctx_lens).to(device)
         visible = torch.arange(max_len, device=device)[None, :] < lens[:, None]  # [n, L]
         # Entries past a request's length are garbage: point them at slot 0 rather than read them.
@@ -387,13 +402,14 @@ def _attend_one_request(
         last = min(rows_to_write, first + piece)
         q = query[start + first:start + last].float().transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         num_keys = context + last  # later keys are masked for every query of this piece
-        if context + first == 0:
-            # Square block starting at position 0: plain causal, which lets the kernel skip
-            # the masked half instead of reading a mask.
+        offset = context + first  # absolute position of the piece's first query
+        if offset == 0:  # square block from position 0: plain causal, no mask to build or read
             causal, mask = True, None
         else:
-            q_pos = context + torch.arange(first, last, device=device)
-            causal, mask = False, torch.arange(num_keys, device=device)[None, :] <= q_pos[:, None]
+            # Additive mask, -inf where key j > query i's position (j - i > offset): one op, and
+            # the kernel reads a float mask as is where a boolean one is converted first.
+            causal = False
+            mask = torch.full((last - first, num_keys), float("-inf"), device=device).triu_(offset + 1)
         out = F.scaled_dot_product_attention(
             q, keys[:, :, :num_keys], values[:, :, :num_keys], attn_mask=mask, is_causal=causal,
             scale=scale, enable_gqa=num_query_heads != num_kv_heads,
