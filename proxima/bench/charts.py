@@ -32,7 +32,7 @@ class ChartSpec:
     series: tuple[Series, ...]
     log_x: bool = False
     hline: tuple[float, str] | None = None  # (y, label), e.g. the SLO
-    y_max: float | None = None
+    y_cap: float | None = None  # upper bound of the y axis (it still zooms in below it)
     markers: bool = True
     notes: tuple[str, ...] = field(default=())
 
@@ -60,23 +60,23 @@ def chart_specs(result: BenchResult) -> list[ChartSpec]:
                                series(lambda lv: lv.e2e.p95), log_x,
                                hline=(slo, f"SLO {slo:g}s") if slo else None))
     kv = tuple(
-        Series(run.label, tuple((lv.started_s + s.t, 100.0 * s.kv_usage) for lv in run.levels
-                                for s in lv.timeline if s.ok and s.kv_usage is not None))
+        Series(run.label, tuple(sorted((lv.started_s + s.t, 100.0 * s.kv_usage) for lv in run.levels
+                                       for s in lv.timeline if s.ok and s.kv_usage is not None)))
         for run in result.runs
     )
     if any(s.points for s in kv):
         specs.append(ChartSpec("KV cache occupancy over time (vllm:kv_cache_usage_perc)",
                                "seconds since the server's first level", "KV occupancy (%)", kv,
-                               y_max=100.0, markers=False))
+                               y_cap=100.0, markers=False))
     frag = tuple(
-        Series(run.label, tuple((lv.started_s + s.t, 100.0 * s.fragmentation) for lv in run.levels
-                                for s in lv.timeline if s.ok and s.fragmentation is not None))
+        Series(run.label, tuple(sorted((lv.started_s + s.t, 100.0 * s.fragmentation) for lv in run.levels
+                                       for s in lv.timeline if s.ok and s.fragmentation is not None)))
         for run in result.runs
     )
     if any(s.points for s in frag):
         specs.append(ChartSpec("KV fragmentation over time (Proxima metrics)",
                                "seconds since the server's first level", "slots allocated but not live (%)",
-                               tuple(s for s in frag if s.points), y_max=100.0, markers=False))
+                               tuple(s for s in frag if s.points), y_cap=100.0, markers=False))
     return specs
 
 
@@ -116,7 +116,9 @@ def svg_line_chart(spec: ChartSpec, width: int = 640, height: int = 360) -> str:
     x_lo, x_hi = fx(min(xs)), fx(max(xs))
     if x_hi == x_lo:
         x_lo, x_hi = x_lo - 1, x_hi + 1
-    y_hi = spec.y_max if spec.y_max is not None else max(ys) * 1.1 or 1.0
+    y_hi = max(ys) * 1.1 or 1.0
+    if spec.y_cap is not None:
+        y_hi = min(y_hi, spec.y_cap)
 
     def px(v: float) -> float:
         return left + (fx(v) - x_lo) / (x_hi - x_lo) * plot_w
@@ -124,13 +126,16 @@ def svg_line_chart(spec: ChartSpec, width: int = 640, height: int = 360) -> str:
     def py(v: float) -> float:
         return top + plot_h - min(max(v, 0.0), y_hi) / y_hi * plot_h
 
-    parts = [head, f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>']
+    frame = f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>'
+    parts = [head, frame]
     for t in _nice_ticks(0.0, y_hi):
         if t <= y_hi:
             parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py(t):.1f}" y2="{py(t):.1f}" '
                          f'stroke="#e5e5e5"/><text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">'
                          f'{_fmt(t)}</text>')
-    x_ticks = sorted(set(xs)) if spec.log_x or len(set(xs)) <= 8 else _nice_ticks(min(xs), max(xs))
+    # Sweeps label their levels; time axes get round numbers.
+    levels = spec.log_x or (spec.markers and len(set(xs)) <= 8)
+    x_ticks = sorted(set(xs)) if levels else [t for t in _nice_ticks(min(xs), max(xs)) if t >= min(xs)]
     for t in x_ticks:
         parts.append(f'<text x="{px(t):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{_fmt(t)}</text>')
     parts.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">{esc(spec.x_label)}'
@@ -188,10 +193,11 @@ def write_png(specs: list[ChartSpec], path: Path) -> None:
             ax.axhline(spec.hline[0], color="#555", linestyle="--", label=spec.hline[1])
         if spec.log_x:
             ax.set_xscale("log", base=2)
-        if spec.y_max is not None:
-            ax.set_ylim(0, spec.y_max)
-        else:
-            ax.set_ylim(bottom=0)
+            ticks = sorted({x for s in spec.series for x, _ in s.points})
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ys = [y for s in spec.series for _, y in s.points] + ([spec.hline[0]] if spec.hline else [])
+        top = max(ys, default=1.0) * 1.1 or 1.0
+        ax.set_ylim(0, min(top, spec.y_cap) if spec.y_cap is not None else None)
         ax.set_title(spec.title, fontsize=10)
         ax.set_xlabel(spec.x_label)
         ax.set_ylabel(spec.y_label)

@@ -87,17 +87,24 @@ async def _tokenize(http: httpx.AsyncClient, url: str, model: str, prompt: str) 
     return response.json()
 
 
-async def fetch_word_costs(http: httpx.AsyncClient, url: str, model: str) -> tuple[WordCosts, int | None] | None:
+async def fetch_word_costs(http: httpx.AsyncClient, url: str,
+                           model: str) -> tuple[WordCosts, int | None] | None:
     """Token cost of every vocabulary word from the server's tokenizer, and its max_model_len.
 
     None when the server has no `/tokenize` (not vLLM, or disabled): callers approximate.
     """
+    gate = asyncio.Semaphore(16)
+
+    async def count(prompt: str) -> dict:
+        async with gate:
+            return await _tokenize(http, url, model, prompt)
+
     try:
-        empty = await _tokenize(http, url, model, "")
-        firsts = await asyncio.gather(*(_tokenize(http, url, model, w) for w in VOCABULARY))
-        laters = await asyncio.gather(*(_tokenize(http, url, model, "the " + w) for w in VOCABULARY))
-        the = await _tokenize(http, url, model, "the")
-    except (httpx.HTTPError, ValueError):
+        empty = await count("")
+        firsts = await asyncio.gather(*(count(w) for w in VOCABULARY))
+        laters = await asyncio.gather(*(count("the " + w) for w in VOCABULARY))
+        the = await count("the")
+    except (httpx.HTTPError, ValueError, KeyError):
         return None
     special = int(empty["count"])
     first = {w: int(r["count"]) - special for w, r in zip(VOCABULARY, firsts)}
@@ -164,44 +171,69 @@ class StreamingClient:
                 body = (await response.aread())[:300].decode(errors="replace")
                 result.status, result.error = FAILED, f"HTTP {response.status_code}: {_message(body)}"
                 return
-            previous: float | None = None
-            finished = False
-            async for line in response.aiter_lines():
+            state = _StreamState(start)
+            buffer = b""
+            # Bytes split on the SSE event separator (cheaper than aiter_lines(): the client
+            # may share a few cores with the server).
+            async for raw in response.aiter_bytes():
                 now = time.perf_counter()
-                if not line.startswith("data:"):
-                    continue  # blank separators and SSE comments
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    finished = True
-                    result.overhead_s += time.perf_counter() - now
-                    break
-                try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
-                    result.status, result.error = FAILED, "malformed stream chunk"
-                    return
-                if chunk.get("choices"):
-                    result.num_chunks += 1
-                    if previous is None:
-                        result.ttft = now - start
-                    else:
-                        result.itls.append(now - previous)
-                    previous = now
-                    result.last_token_at = now - start
-                elif usage := chunk.get("usage"):
-                    result.output_tokens = int(usage.get("completion_tokens") or 0)
-                    result.prompt_tokens = usage.get("prompt_tokens")
-                elif error := chunk.get("error"):
-                    result.status, result.error = FAILED, f"server error: {_message(json.dumps(error))}"
-                    return
+                buffer += raw
+                if b"\r" in buffer:
+                    buffer = buffer.replace(b"\r\n", b"\n")
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    for line in event.split(b"\n"):
+                        if line.startswith(b"data:") and not state.take(line[5:].strip(), now, result):
+                            result.overhead_s += time.perf_counter() - now
+                            return
                 result.overhead_s += time.perf_counter() - now
+                # No break after [DONE]: a body read to its end returns the connection to the
+                # pool; leaving early closes it, and every request would pay a new connection.
             result.e2e = time.perf_counter() - start
-        if not finished or result.ttft is None:
-            result.status, result.error = FAILED, "stream ended before [DONE]" if not finished else "no tokens"
+        if not state.finished or result.ttft is None:
+            result.status = FAILED
+            result.error = "stream ended before [DONE]" if not state.finished else "no tokens"
             return
         if not result.output_tokens:
             result.output_tokens = result.num_chunks  # a server without usage reporting
         result.status = OK
+
+
+class _StreamState:
+    """Token timing across the events of one stream."""
+
+    __slots__ = ("finished", "previous", "start")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.previous: float | None = None
+        self.finished = False
+
+    def take(self, data: bytes, now: float, result: RequestResult) -> bool:
+        """Account one `data:` payload; False when the stream is to be abandoned as failed."""
+        if data == b"[DONE]":
+            self.finished = True
+            return True
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            result.status, result.error = FAILED, "malformed stream chunk"
+            return False
+        if chunk.get("choices"):
+            result.num_chunks += 1
+            if self.previous is None:
+                result.ttft = now - self.start
+            else:
+                result.itls.append(now - self.previous)
+            self.previous = now
+            result.last_token_at = now - self.start
+        elif usage := chunk.get("usage"):
+            result.output_tokens = int(usage.get("completion_tokens") or 0)
+            result.prompt_tokens = usage.get("prompt_tokens")
+        elif error := chunk.get("error"):
+            result.status, result.error = FAILED, f"server error: {_message(json.dumps(error))}"
+            return False
+        return True
 
 
 def _message(body: str) -> str:

@@ -46,6 +46,7 @@ class Launched:
     variant: str
     url: str
     info: dict = field(default_factory=dict)
+    pid: int | None = None
 
 
 def parse_variants(text: str) -> tuple[str, ...]:
@@ -76,7 +77,8 @@ def wait_memory_released(baseline_bytes: int | None, timeout_s: float = 60.0) ->
 
 def _server(plan: LaunchPlan, variant: str, label: str) -> ManagedServer:
     log_path = plan.log_dir / f"server-{label}.log"
-    return ManagedServer(ServerSpec(model=plan.model, variant=variant, args=plan.vllm_args, log_path=log_path))
+    spec = ServerSpec(model=plan.model, variant=variant, args=plan.vllm_args, log_path=log_path)
+    return ManagedServer(spec)
 
 
 def _start(server: ManagedServer, plan: LaunchPlan, info: dict) -> None:
@@ -98,8 +100,9 @@ def _stop(server: ManagedServer, info: dict, baseline: int | None) -> None:
     info["memory_release_wait_s"] = wait_memory_released(baseline)
 
 
-def launched(plan: LaunchPlan) -> Iterator[Launched]:
-    """Yield each server ready to use; it is stopped when the caller asks for the next one."""
+def launched(plan: LaunchPlan) -> Iterator[list[Launched]]:
+    """Yield the servers that are up together, ready to use: one at a time (each stopped when the
+    caller asks for the next), or, side by side, all of them at once."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     if plan.side_by_side:
         yield from _side_by_side(plan)
@@ -110,12 +113,12 @@ def launched(plan: LaunchPlan) -> Iterator[Launched]:
         baseline = gpu_memory_bytes()
         try:
             _start(server, plan, info)
-            yield Launched(label, variant, server.url, info)
+            yield [Launched(label, variant, server.url, info, server.pid)]
         finally:
             _stop(server, info, baseline)
 
 
-def _side_by_side(plan: LaunchPlan) -> Iterator[Launched]:
+def _side_by_side(plan: LaunchPlan) -> Iterator[list[Launched]]:
     servers = [_server(plan, v, lab) for v, lab in zip(plan.variants, plan.labels)]
     infos = [{"variant": s.spec.variant, "log": str(s.spec.log_path), "side_by_side": True} for s in servers]
     baseline = gpu_memory_bytes()
@@ -126,8 +129,8 @@ def _side_by_side(plan: LaunchPlan) -> Iterator[Launched]:
             futures = [pool.submit(_start, s, plan, i) for s, i in zip(servers, infos)]
             for f in futures:
                 f.result()
-        for server, info, label in zip(servers, infos, plan.labels):
-            yield Launched(label, server.spec.variant, server.url, info)
+        yield [Launched(label, server.spec.variant, server.url, info, server.pid)
+               for server, info, label in zip(servers, infos, plan.labels)]
     stopped_at = time.time()
     for info in infos:
         info["stopped_at"] = stopped_at

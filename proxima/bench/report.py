@@ -106,8 +106,14 @@ def terminal_tables(result: BenchResult) -> list[Table]:
     return tables
 
 
+def _server_line(run) -> str:
+    grain = f", {run.kv_block_size}-token granularity" if run.kv_block_size else ""
+    capacity = f", KV {run.kv_capacity_tokens:.0f} tokens" if run.kv_capacity_tokens else ""
+    return f"[dim]{run.label}: {run.url}, allocator {run.allocator or '?'}{grain}{capacity}[/]"
+
+
 def verdict_panel(result: BenchResult) -> Panel:
-    lines = list(result.verdict.get("summary", []))
+    lines = [_server_line(run) for run in result.runs] + list(result.verdict.get("summary", []))
     lines += [f"[yellow]{run.label}: {run.stopped}[/]" for run in result.runs if run.stopped]
     lines += [f"[yellow]note: {n}[/]" for n in result.notes]
     return Panel(Group(*lines) if lines else "no levels ran", title="Verdict", expand=False)
@@ -139,19 +145,26 @@ class ProgressObserver(Observer):
                              errors=f"[red]{self.errors} failed[/]" if self.errors else "")
 
     def level_finished(self, target: Target, level: LevelResult) -> None:
-        note = f"[red]stopped: {level.aborted}[/]" if level.aborted else f"p95 {_num(level.e2e.p95, '{:.2f}')}s"
+        p95 = _num(level.e2e.p95, "{:.2f}")
+        note = f"[red]stopped: {level.aborted}[/]" if level.aborted else f"p95 {p95}s"
         self.progress.update(self.task, errors=note, total=self.done or 1, completed=self.done)
+
+
+_CSS = (
+    "body{font-family:sans-serif;margin:2em;max-width:1400px}"
+    "table{border-collapse:collapse;font-size:13px}"
+    "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
+    "td:first-child,td:nth-child(2),td:last-child{text-align:left}tr.bad td{background:#fde8e8}"
+    ".charts svg{margin:6px;border:1px solid #eee}code{background:#f4f4f4;padding:1px 4px}"
+)
 
 
 def html_report(result: BenchResult, png_name: str | None) -> str:
     esc = html.escape
     specs = charts.chart_specs(result)
     out = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>proxima bench report</title><style>"
-        "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}"
-        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,td:nth-child(2),"
-        "td:last-child{text-align:left}tr.bad td{background:#fde8e8}.charts svg{margin:6px;border:1px solid #eee}"
-        "code{background:#f4f4f4;padding:1px 4px}</style></head><body>",
+        ("<!doctype html><html><head><meta charset='utf-8'><title>proxima bench report</title>"
+         f"<style>{_CSS}</style></head><body>"),
         "<h1>proxima bench</h1>",
         f"<p>{esc(result.created_at)} — <code>{esc(result.command)}</code></p>",
         "<h2>Verdict</h2><ul>",
@@ -162,11 +175,12 @@ def html_report(result: BenchResult, png_name: str | None) -> str:
     if result.notes:
         out += ["<h3>Notes</h3><ul>", *(f"<li>{esc(n)}</li>" for n in result.notes), "</ul>"]
     out.append("<h2>Servers</h2><table><tr><th>label</th><th>url</th><th>model</th><th>allocator</th>"
-               "<th>launched</th></tr>")
+               "<th>granularity (tokens)</th><th>KV capacity (tokens)</th><th>launched</th></tr>")
     for run in result.runs:
         launched = f"{run.variant} (log {run.launch.get('log')})" if run.launch else "no (given URL)"
-        out.append(f"<tr><td>{esc(run.label)}</td><td>{esc(run.url)}</td><td>{esc(run.model)}</td>"
-                   f"<td>{esc(str(run.allocator))}</td><td>{esc(launched)}</td></tr>")
+        cells = (run.label, run.url, run.model, str(run.allocator), _num(run.kv_block_size),
+                 _num(run.kv_capacity_tokens), launched)
+        out.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     w = result.workload
     out.append(f"<h2>Workload</h2><p>{esc(str(w['name']))}, seed {w['seed']}, {w['num_requests']} requests; "
@@ -188,8 +202,8 @@ def html_report(result: BenchResult, png_name: str | None) -> str:
     out.append("</div>")
     if png_name:
         out.append(f"<p>Static copy: <a href='{esc(png_name)}'>{esc(png_name)}</a></p>")
-    out.append("<p>All figures: <a href='results.json'>results.json</a>, <a href='results.csv'>results.csv</a>."
-               "</p></body></html>")
+    out.append("<p>All figures: <a href='results.json'>results.json</a>, "
+               "<a href='results.csv'>results.csv</a>.</p></body></html>")
     return "\n".join(out)
 
 

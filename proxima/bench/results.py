@@ -19,11 +19,11 @@ from proxima.bench.sampler import Sample
 CONCURRENCY, RATE = "concurrency", "rate"
 
 
-def percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float, presorted: bool = False) -> float | None:
     """Linear interpolation between closest ranks (numpy's default), q in [0, 100]."""
     if not values:
         return None
-    ordered = sorted(values)
+    ordered = values if presorted else sorted(values)
     pos = (len(ordered) - 1) * q / 100.0
     low = math.floor(pos)
     high = min(low + 1, len(ordered) - 1)
@@ -118,6 +118,8 @@ class ServerRun:
     variant: str | None = None  # token / block / stock when launched by bench
     allocator: str | None = None  # as the server reports it: token, block, or stock (no Proxima metrics)
     local: bool = False
+    kv_block_size: int | None = None  # allocation granularity in tokens (1 for Proxima's slots)
+    kv_capacity_tokens: float | None = None
     levels: list[LevelResult] = field(default_factory=list)
     stopped: str | None = None  # why higher levels were not run
     launch: dict | None = None  # started_at / stopped_at / log, when bench launched it

@@ -10,6 +10,7 @@ after the other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import socket
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from proxima.bench import workload as wl
 from proxima.bench.client import count_prompt_tokens, fetch_model, fetch_word_costs, new_http_client
 from proxima.bench.launch import LaunchPlan, launched
 from proxima.bench.results import BenchResult, ServerRun, verdict
-from proxima.bench.sweep import Observer, SweepParams, Target, run_sweep
+from proxima.bench.sweep import Observer, SweepParams, Target, run_interleaved, run_sweep
 from proxima.scrape import scrape_sync
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0", ""}
@@ -36,6 +37,7 @@ class BenchPlan:
     launch: LaunchPlan | None = None  # ... or servers to launch
     default_max_tokens: int = wl.DEFAULT_MAX_TOKENS
     command: str = ""
+    interleave: bool = True  # servers up together take turns level by level
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class _Served:
     url: str
     variant: str | None = None
     launch_info: dict | None = None
+    pid: int | None = None
 
 
 def is_local(url: str) -> bool:
@@ -87,20 +90,63 @@ def prepare_workload(plan: BenchPlan, url: str, model: str) -> wl.Workload:
                 work = wl.generate(plan.workload, word_costs, max_len)
             counts = await count_prompt_tokens(http, url, model, [r.prompt for r in work.requests])
             if counts is not None:
-                work.requests = [wl.BenchRequest(r.prompt, r.max_tokens, n) for r, n in zip(work.requests, counts)]
+                work.requests = [wl.BenchRequest(r.prompt, r.max_tokens, n)
+                                 for r, n in zip(work.requests, counts)]
                 work.token_counting = wl.SERVER_TOKENIZER
             return work
 
     return asyncio.run(build())
 
 
-def _servers(plan: BenchPlan) -> Iterator[_Served]:
+def _server_groups(plan: BenchPlan) -> Iterator[list[_Served]]:
+    """Servers that are up at the same time, group by group."""
     if plan.launch is None:
-        for url, label in zip(plan.urls, plan.labels):
-            yield _Served(label, url)
+        yield [_Served(label, url) for url, label in zip(plan.urls, plan.labels)]
         return
-    for served in launched(plan.launch):
-        yield _Served(served.label, served.url, served.variant, served.info)
+    for group in launched(plan.launch):
+        yield [_Served(s.label, s.url, s.variant, s.info, s.pid) for s in group]
+
+
+def _run_for(served: _Served, model: str, label: str) -> tuple[Target, ServerRun]:
+    local = served.launch_info is not None or is_local(served.url)
+    target = Target(label, served.url, model, local=local, pid=served.pid)
+    run = ServerRun(label, served.url, model, served.variant, local=local, launch=served.launch_info)
+    _describe_kv(run)
+    return target, run
+
+
+def _describe_kv(run: ServerRun) -> None:
+    """Allocator, granularity and capacity as the server reports them (capacity gauges are
+    published from the engine's first step on, so this is read again after the sweep)."""
+    snap = scrape_sync(run.url)
+    if not snap.ok:
+        return
+    kv = snap.proxima
+    run.allocator = kv.allocator if kv else "stock"
+    run.kv_block_size = kv.granularity if kv else snap.block_size
+    capacity = kv.slots_total if kv else (snap.num_gpu_blocks or 0) * (snap.block_size or 0)
+    run.kv_capacity_tokens = capacity or run.kv_capacity_tokens
+
+
+def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, runs: list[ServerRun],
+                   work_box: list[wl.Workload]) -> None:
+    """Sweep the servers of one group (up at the same time); the workload is built on first use."""
+    models = [asyncio.run(_model(s.url)) for s in group]
+    if not work_box:
+        work_box.append(prepare_workload(plan, group[0].url, models[0]))
+    work = work_box[0]
+    labels = unique_labels([s.label or auto_label(s.url) for s in group], [s.url for s in group])
+    pairs = [_run_for(s, m, lab) for s, m, lab in zip(group, models, labels)]
+    targets = [t for t, _ in pairs]
+    if plan.interleave and len(pairs) > 1:
+        outcomes = asyncio.run(run_interleaved(targets, work, plan.levels, plan.params, observer))
+    else:
+        outcomes = [asyncio.run(run_sweep(t, work, plan.levels, plan.params, observer)) for t in targets]
+    for (_, run), (levels, stopped) in zip(pairs, outcomes):
+        run.levels, run.stopped = levels, stopped
+        if not run.kv_capacity_tokens:
+            _describe_kv(run)
+        runs.append(run)
 
 
 def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Workload]:
@@ -112,29 +158,15 @@ def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Work
     if plan.urls:
         check_reachable(plan.urls)
     runs: list[ServerRun] = []
-    work: wl.Workload | None = None
-    for served in _servers(plan):
-        model = asyncio.run(_model(served.url))
-        if work is None:
-            work = prepare_workload(plan, served.url, model)
-        label = served.label or auto_label(served.url)
-        snap = scrape_sync(served.url)
-        target = Target(label, served.url, model, local=served.launch_info is not None or is_local(served.url))
-        run = ServerRun(label, served.url, model, served.variant,
-                        (snap.proxima.allocator if snap.proxima else "stock") if snap.ok else None,
-                        target.local, launch=served.launch_info)
-        run.levels, run.stopped = asyncio.run(run_sweep(target, work, plan.levels, plan.params, observer))
-        runs.append(run)
-    if plan.launch is None:
-        fixed = unique_labels([r.label for r in runs], [r.url for r in runs])
-        for run, label in zip(runs, fixed):
-            run.label = label
-            for level in run.levels:
-                level.server = label
+    work_box: list[wl.Workload] = []
+    with contextlib.closing(_server_groups(plan)) as groups:  # launched servers stop even on errors
+        for group in groups:
+            _measure_group(plan, group, observer, runs, work_box)
+    work = work_box[0] if work_box else None
     assert work is not None
     p = plan.params
     result = BenchResult(
-        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         command=plan.command,
         config=_config(plan),
         workload=work.describe(),
@@ -159,10 +191,12 @@ def _config(plan: BenchPlan) -> dict:
         "avalanche_factor": p.avalanche_factor, "min_samples": p.min_samples,
         "request_timeout_s": p.request_timeout_s, "sample_interval_s": p.sample_interval_s, "seed": p.seed,
         "endpoint": "/v1/completions (stream, include_usage, ignore_eos, temperature 0)",
+        "interleave": plan.interleave,
     }
     if plan.launch is not None:
-        config["launch"] = {"model": plan.launch.model, "variants": list(plan.launch.variants),
-                            "vllm_args": list(plan.launch.vllm_args), "side_by_side": plan.launch.side_by_side}
+        launch = plan.launch
+        config["launch"] = {"model": launch.model, "variants": list(launch.variants),
+                            "vllm_args": list(launch.vllm_args), "side_by_side": launch.side_by_side}
     return config
 
 
@@ -178,9 +212,10 @@ def client_notes(result: BenchResult) -> list[str]:
                 or (lv.client_loop_lag_p99_s or 0) > CLIENT_LAG_WARN_S]
         if busy:
             worst = max(busy, key=lambda lv: lv.client_cpu)
+            lag_ms = 1e3 * (worst.client_loop_lag_p99_s or 0)
             notes.append(
                 f"{run.label}: the client was busy at {', '.join(lv.label for lv in busy)} (up to "
-                f"{worst.client_cpu:.0%} of a core, event-loop lag p99 {1e3 * (worst.client_loop_lag_p99_s or 0):.0f} ms); "
+                f"{worst.client_cpu:.0%} of a core, event-loop lag p99 {lag_ms:.0f} ms); "
                 "figures there may be limited by the client or by CPU shared with the server"
             )
     return notes

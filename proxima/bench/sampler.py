@@ -1,25 +1,28 @@
 """Background sampling during a level: the server's metrics, the GPU, and the client's own load.
 
-`MetricsSampler` scrapes `/metrics` through `proxima.scrape` on a timer (its own connection, so
-samples are not queued behind the load) and, for a server on this host, reads the GPUs through
-`proxima.gpu`. `LoopLagProbe` measures how late the event loop wakes a sleeping task: when the
-client is saturated, its timestamps are late too, and this says so.
+`MetricsSampler` reads `/metrics` on a timer and turns it into a snapshot with
+`proxima.scrape.parse_metrics` (in a worker thread, on its own connection, so samples are not
+queued behind the load and parsing does not stall the client's event loop), and, for a server on
+this host, reads the GPUs through `proxima.gpu`. `LoopLagProbe` measures how late the event loop
+wakes a sleeping task: when the client is saturated, its timestamps are late too, and this says so.
+
+Sampling is not free for the server: vLLM renders `/metrics` on the same event loop that streams
+tokens (tens of milliseconds per scrape on a busy CPU host), so `interval_s` trades resolution of
+the peaks for a small slowdown that both servers of an A/B pay alike; 0 turns it off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
+from typing import Self
 
 import httpx
 
 from proxima.gpu import read_gpus
-from proxima.scrape import ServerSnapshot, scrape
-
-logger = logging.getLogger(__name__)
+from proxima.scrape import ServerSnapshot, parse_metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,8 @@ def gpu_memory_bytes() -> int | None:
 
 
 class MetricsSampler:
+    """Samples a server every `interval_s` (0: never) while a level runs."""
+
     def __init__(self, url: str, interval_s: float, local: bool) -> None:
         self.url = url
         self.interval_s = interval_s
@@ -62,10 +67,13 @@ class MetricsSampler:
         self.samples: list[Sample] = []
         self._task: asyncio.Task | None = None
         self._t0 = 0.0
+        self._http: httpx.Client | None = None
 
-    async def __aenter__(self) -> MetricsSampler:
+    async def __aenter__(self) -> Self:
         self._t0 = time.perf_counter()
-        self._task = asyncio.create_task(self._run())
+        if self.interval_s > 0:
+            self._http = httpx.Client(timeout=max(1.0, self.interval_s * 4))
+            self._task = asyncio.create_task(self._run())
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -73,26 +81,38 @@ class MetricsSampler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._http is not None:
+            self._http.close()
+
+    def _read(self, t: float) -> Sample:
+        """One sample, in a worker thread: fetching and parsing an exposition takes milliseconds of
+        CPU, which on the event loop would delay the token timestamps being measured. One client
+        for the level: a new one per scrape would pay for TLS set-up every time."""
+        taken_at = time.time()
+        try:
+            response = self._http.get(self.url.rstrip("/") + "/metrics")
+            response.raise_for_status()
+            snapshot = parse_metrics(response.text, self.url, taken_at)
+        except (httpx.HTTPError, ValueError) as err:
+            snapshot = ServerSnapshot(url=self.url, taken_at=taken_at, ok=False, error=type(err).__name__)
+        return sample_of(snapshot, t, gpu_memory_bytes() if self.local else None)
 
     async def _run(self) -> None:
-        async with httpx.AsyncClient() as http:
-            while True:
-                t = time.perf_counter() - self._t0
-                snapshot = await scrape(http, self.url, timeout=max(1.0, self.interval_s * 4))
-                gpu = await asyncio.to_thread(gpu_memory_bytes) if self.local else None
-                self.samples.append(sample_of(snapshot, t, gpu))
-                await asyncio.sleep(max(0.0, self.interval_s - (time.perf_counter() - self._t0 - t)))
+        while True:
+            t = time.perf_counter() - self._t0
+            self.samples.append(await asyncio.to_thread(self._read, t))
+            await asyncio.sleep(max(0.0, self.interval_s - (time.perf_counter() - self._t0 - t)))
 
 
 class LoopLagProbe:
     """Lateness of a `sleep(interval)` on this event loop, in seconds, sampled while a level runs."""
 
-    def __init__(self, interval_s: float = 0.01) -> None:
+    def __init__(self, interval_s: float = 0.05) -> None:
         self.interval_s = interval_s
         self.lags: list[float] = []
         self._task: asyncio.Task | None = None
 
-    async def __aenter__(self) -> LoopLagProbe:
+    async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self._run())
         return self
 

@@ -12,7 +12,9 @@ are cancelled and higher levels of that sweep are not run for this server.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import heapq
 import itertools
 import random
 import time
@@ -23,7 +25,13 @@ from dataclasses import dataclass
 import httpx
 
 from proxima.bench.client import (
-    CANCELLED, FAILED, OK, TIMED_OUT, RequestResult, StreamingClient, new_http_client,
+    CANCELLED,
+    FAILED,
+    OK,
+    TIMED_OUT,
+    RequestResult,
+    StreamingClient,
+    new_http_client,
 )
 from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, percentile
 from proxima.bench.sampler import CpuMeter, LoopLagProbe, MetricsSampler
@@ -50,6 +58,7 @@ class Target:
     url: str
     model: str
     local: bool = False
+    pid: int | None = None  # the server's process, when bench launched it
 
 
 class Observer:
@@ -63,7 +72,11 @@ class Observer:
 
 
 class _LevelState:
-    """Results of one level so far, and the decision to stop it early."""
+    """Results of one level so far, and the decision to stop it early.
+
+    Counts are kept incrementally and latencies in sorted order (`insort`), so a check costs
+    O(in flight) plus one merge, not a pass over every request of a long level.
+    """
 
     def __init__(self, params: SweepParams, total: int | None) -> None:
         self.params = params
@@ -71,6 +84,9 @@ class _LevelState:
         self.results: list[RequestResult] = []
         self.in_flight: dict[int, RequestResult] = {}
         self.peak_in_flight = 0
+        self.num_done = 0
+        self.errors: Counter[str] = Counter()
+        self.sorted_e2e: list[float] = []
         self.stop = asyncio.Event()
         self.aborted: str | None = None
 
@@ -81,24 +97,30 @@ class _LevelState:
 
     def finished(self, result: RequestResult) -> None:
         self.in_flight.pop(id(result), None)
-        self.check()
+        if result.status == OK:
+            self.num_done += 1
+            if result.e2e is not None:
+                bisect.insort(self.sorted_e2e, result.e2e)
+        elif result.status in (FAILED, TIMED_OUT):
+            self.num_done += 1
+            self.errors[result.error or result.status] += 1
+        self.check(latency=False)
 
-    def check(self) -> None:
-        if self.stop.is_set():
-            return
-        done = [r for r in self.results if r.status in (OK, FAILED, TIMED_OUT) and id(r) not in self.in_flight]
+    def check(self, latency: bool = True) -> None:
+        """Error rate on every completion; latency (which merges in-flight ages) on the watchdog's tick."""
         p = self.params
-        if len(done) < min(p.min_samples, self.total or p.min_samples):
+        if self.stop.is_set() or self.num_done < min(p.min_samples, self.total or p.min_samples):
             return
-        errors = sum(r.status != OK for r in done)
-        if errors / len(done) > p.max_error_rate:
-            self._abort(f"error rate {errors / len(done):.0%} > {p.max_error_rate:.0%} "
-                        f"after {len(done)} requests ({_top_error(done)})")
+        num_errors = sum(self.errors.values())
+        if num_errors / self.num_done > p.max_error_rate:
+            self._abort(f"error rate {num_errors / self.num_done:.0%} > {p.max_error_rate:.0%} "
+                        f"after {self.num_done} requests ({self.errors.most_common(1)[0][0]})")
+            return
+        if not latency:
             return
         now = time.perf_counter()
-        latencies = [r.e2e for r in done if r.status == OK and r.e2e is not None]
-        latencies += [now - r.sent_at for r in self.in_flight.values() if r.sent_at]
-        p95 = percentile(latencies, 95)
+        ages = sorted(now - r.sent_at for r in self.in_flight.values() if r.sent_at)
+        p95 = percentile(list(heapq.merge(self.sorted_e2e, ages)), 95, presorted=True)
         limit = p.avalanche_factor * p.slo_p95_s
         if p95 is not None and p95 > limit:
             self._abort(f"P95 E2E {p95:.2f}s > {p.avalanche_factor:g}x SLO ({limit:g}s)")
@@ -106,11 +128,6 @@ class _LevelState:
     def _abort(self, reason: str) -> None:
         self.aborted = reason
         self.stop.set()
-
-
-def _top_error(results: list[RequestResult]) -> str:
-    errors = Counter(r.error or r.status for r in results if r.status != OK)
-    return errors.most_common(1)[0][0] if errors else "none"
 
 
 async def _watchdog(state: _LevelState) -> None:
@@ -150,7 +167,8 @@ async def _rate(client, state, observer, target, source, rate: float, deadline, 
                 await asyncio.wait_for(state.stop.wait(), delay)
         if state.stop.is_set() or (deadline and time.perf_counter() >= deadline):
             break
-        tasks.append(asyncio.create_task(_send(client, state, observer, target, request, RequestResult(index))))
+        send = _send(client, state, observer, target, request, RequestResult(index))
+        tasks.append(asyncio.create_task(send))
         next_at += rng.expovariate(rate)
     await _until_done_or_stopped(tasks, state)
 
@@ -207,7 +225,8 @@ def request_source(workload: Workload, offset: int, count: int | None) -> Iterat
 
 
 async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload, kind: str, value: float,
-                    offset: int, params: SweepParams, observer: Observer, started_s: float = 0.0) -> LevelResult:
+                    offset: int, params: SweepParams, observer: Observer,
+                    started_s: float = 0.0) -> LevelResult:
     client = StreamingClient(http, target.url, target.model, params.request_timeout_s)
     state = _LevelState(params, params.requests_per_level)
     source = request_source(workload, offset, params.requests_per_level)
@@ -233,11 +252,12 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
             cpu_fraction = cpu.fraction()
         completed = sum(r.status == OK for r in state.results)
         after = await _settled_counters(scrape_http, target.url, before, completed)
-        level = summarize(target.label, kind, value, state, duration, sampler, lag, cpu_fraction, before, after)
+        level = summarize(target.label, kind, value, state, duration, sampler, lag, cpu_fraction,
+                          before, after)
         level.started_s = started_s
-        if not state.aborted:
+        if after.ok:  # the next level starts on an idle server, also after an avalanche
             await _drained(scrape_http, target.url)
-        elif not after.ok:
+        elif state.aborted:
             level.aborted = f"{state.aborted}; server unreachable ({after.error})"
     observer.level_finished(target, level)
     return level
@@ -293,29 +313,73 @@ def levels_to_run(concurrency: list[int], rates: list[float]) -> list[tuple[str,
     return [(CONCURRENCY, float(c)) for c in sorted(concurrency)] + [(RATE, r) for r in sorted(rates)]
 
 
+def level_offsets(workload: Workload, levels: list[tuple[str, float]], params: SweepParams) -> list[int]:
+    """Where each level starts in the workload: the same for every server, so that an A/B sends
+    the same requests at the same level even when one server's earlier level was cut short."""
+    stride = params.requests_per_level or max(1, len(workload.requests) // max(1, len(levels)))
+    return [i * stride for i in range(len(levels))]
+
+
+class ServerSweep:
+    """The levels of one server, run one at a time (possibly interleaved with another server's).
+
+    After an aborted level, higher levels of its kind are skipped; once the server stops
+    answering, every remaining level is.
+    """
+
+    def __init__(self, target: Target, workload: Workload, levels: list[tuple[str, float]],
+                 params: SweepParams, observer: Observer) -> None:
+        self.target, self.workload, self.levels = target, workload, levels
+        self.params, self.observer = params, observer
+        self.offsets = level_offsets(workload, levels, params)
+        self.results: list[LevelResult] = []
+        self._stopped: list[str] = []
+        self._broken: set[str] = set()
+        self._gone = False
+        self._t0: float | None = None
+
+    @property
+    def stopped(self) -> str | None:
+        return "; ".join(self._stopped) or None
+
+    async def run(self, http: httpx.AsyncClient, index: int) -> LevelResult | None:
+        kind, value = self.levels[index]
+        if self._gone or kind in self._broken:
+            return None
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        level = await run_level(http, self.target, self.workload, kind, value, self.offsets[index],
+                                self.params, self.observer, started_s=time.perf_counter() - self._t0)
+        self.results.append(level)
+        if level.aborted:
+            self._broken.add(kind)
+            skipped = [v for k, v in self.levels if k == kind and v > value]
+            if skipped:
+                self._stopped.append(f"{kind} sweep stopped at {level.label} ({level.aborted}); "
+                                     f"not run: {', '.join(f'{v:g}' for v in skipped)}")
+            if not (await scrape(http, self.target.url)).ok:
+                self._gone = True
+                self._stopped.append("server unreachable: remaining levels not run")
+        return level
+
+
 async def run_sweep(target: Target, workload: Workload, levels: list[tuple[str, float]], params: SweepParams,
                     observer: Observer) -> tuple[list[LevelResult], str | None]:
-    """All levels for one server, in order; after an aborted level, higher ones of its kind are skipped."""
-    results: list[LevelResult] = []
-    stopped: list[str] = []
-    broken: set[str] = set()
-    offset = 0
-    t0 = time.perf_counter()
+    """All levels for one server, in order."""
+    sweep = ServerSweep(target, workload, levels, params, observer)
     async with new_http_client(params.request_timeout_s) as http:
-        for kind, value in levels:
-            if kind in broken:
-                continue
-            level = await run_level(http, target, workload, kind, value, offset, params, observer,
-                                    started_s=time.perf_counter() - t0)
-            results.append(level)
-            offset += level.num_sent
-            if level.aborted:
-                broken.add(kind)
-                skipped = [v for k, v in levels if k == kind and v > value]
-                if skipped:
-                    stopped.append(f"{kind} sweep stopped at {level.label} ({level.aborted}); "
-                                   f"not run: {', '.join(f'{v:g}' for v in skipped)}")
-                if not (await scrape(http, target.url)).ok:
-                    stopped.append("server unreachable: remaining levels not run")
-                    break
-    return results, "; ".join(stopped) or None
+        for index in range(len(levels)):
+            await sweep.run(http, index)
+    return sweep.results, sweep.stopped
+
+
+async def run_interleaved(targets: list[Target], workload: Workload, levels: list[tuple[str, float]],
+                          params: SweepParams, observer: Observer) -> list[tuple[list[LevelResult], str | None]]:
+    """Servers that are up at the same time take turns level by level (A, B, A, B, ...): a drift in
+    the machine's background load then falls on both sides of each comparison, not on one server."""
+    sweeps = [ServerSweep(t, workload, levels, params, observer) for t in targets]
+    async with new_http_client(params.request_timeout_s) as http:
+        for index in range(len(levels)):
+            for sweep in sweeps:
+                await sweep.run(http, index)
+    return [(sweep.results, sweep.stopped) for sweep in sweeps]

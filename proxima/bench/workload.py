@@ -18,15 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Common English words that are one token in the usual LLM tokenizers (with a leading space).
-VOCABULARY = tuple(
-    """the of and to in is for on that with as it by this be are from at or an was have not
-    you we can will all they more one has but their which new about your our time up out if
-    when what there so some no other into only its also any may how these first two use than
-    data after most over work each year years make like just way people day back many world
-    good well state page system part made where set help find high should through right long
-    memory cache token request serve model engine block slot free used value small large fast
-    slow open close start end read write send load test case plan team user order price city
-    water light power sound voice music paper book story answer question reason result point""".split()
+VOCABULARY = (
+    "the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as", "it", "by", "this", "be",
+    "are", "from", "at", "or", "an", "was", "have", "not", "you", "we", "can", "will", "all", "they",
+    "more", "one", "has", "but", "their", "which", "new", "about", "your", "our", "time", "up", "out", "if",
+    "when", "what", "there", "so", "some", "no", "other", "into", "only", "its", "also", "any", "may",
+    "how", "these", "first", "two", "use", "than", "data", "after", "most", "over", "work", "each", "year",
+    "years", "make", "like", "just", "way", "people", "day", "back", "many", "world", "good", "well",
+    "state", "page", "system", "part", "made", "where", "set", "help", "find", "high", "should", "through",
+    "right", "long", "memory", "cache", "token", "request", "serve", "model", "engine", "block", "slot",
+    "free", "used", "value", "small", "large", "fast", "slow", "open", "close", "start", "end", "read",
+    "write", "send", "load", "test", "case", "plan", "team", "user", "order", "price", "city", "water",
+    "light", "power", "sound", "voice", "music", "paper", "book", "story", "answer", "question", "reason",
+    "result", "point",
 )
 
 BUILTIN = ("short-chat", "long-doc", "mixed", "shared-prefix")

@@ -61,11 +61,16 @@ def bench(
     label_a: str | None = typer.Option(None, "--label-a", help="Name of A (default: from its metrics)."),
     label_b: str | None = typer.Option(None, "--label-b", help="Name of B (default: from its metrics)."),
     launch: str | None = typer.Option(
-        None, "--launch", metavar="MODEL", help="Start the servers here: same model and flags, allocators differ."),
+        None, "--launch", metavar="MODEL",
+        help="Start the servers here: same model and flags, allocators differ."),
     variants: str = typer.Option(
         "block,token", "--variants", help="With --launch: A,B among token, block, stock (or just one)."),
     side_by_side: bool = typer.Option(
-        False, "--side-by-side", help="With --launch: run both servers at once instead of one after the other."),
+        False, "--side-by-side",
+        help="With --launch: run both servers at once instead of one after the other."),
+    interleave: bool = typer.Option(
+        True, "--interleave/--no-interleave",
+        help="Servers up at the same time (two URLs, --side-by-side) take turns level by level."),
     workload: str = typer.Option(
         "short-chat", "--workload", "-w",
         help="short-chat, long-doc, mixed, shared-prefix, or a JSONL file of {\"prompt\", \"max_tokens\"}."),
@@ -75,22 +80,29 @@ def bench(
         None, "--prompt-tokens", help="Override the prompt length of a built-in workload: N or LOW-HIGH."),
     max_tokens: str | None = typer.Option(
         None, "--max-tokens",
-        help="Output tokens: N or LOW-HIGH for built-in workloads; for a file, the default for lines without one."),
+        help="Output tokens: N or LOW-HIGH for built-in workloads; "
+        "for a file, the default for lines without one."),
     seed: int = typer.Option(0, "--seed", help="Seed for the workload and the Poisson arrivals."),
     concurrency: str | None = typer.Option(
-        None, "--concurrency", "-c", help=f"Concurrency levels (default {DEFAULT_CONCURRENCY} if no --rate)."),
-    rate: str | None = typer.Option(None, "--rate", help="Poisson request-rate levels, requests/s, e.g. 2,4,8."),
+        None, "--concurrency", "-c",
+        help=f"Concurrency levels (default {DEFAULT_CONCURRENCY} if no --rate)."),
+    rate: str | None = typer.Option(
+        None, "--rate", help="Poisson request-rate levels, requests/s, e.g. 2,4,8."),
     requests: int | None = typer.Option(None, "--requests", "-n", help="Requests per level (default 100)."),
-    duration: float | None = typer.Option(None, "--duration", help="Seconds per level (with --requests: first wins)."),
+    duration: float | None = typer.Option(
+        None, "--duration", help="Seconds per level (with --requests: first wins)."),
     slo_p95: float = typer.Option(2.0, "--slo-p95", help="Latency SLO: P95 end-to-end seconds."),
     max_error_rate: float = typer.Option(
         0.10, "--max-error-rate", help="Stop a level when more than this share of requests fail."),
     avalanche_factor: float = typer.Option(
         3.0, "--avalanche-factor", help="Stop a level when P95 E2E exceeds this many times the SLO."),
     timeout: float = typer.Option(120.0, "--timeout", help="Per-request deadline in seconds."),
-    sample_interval: float = typer.Option(0.5, "--sample-interval", help="Seconds between metrics samples."),
+    sample_interval: float = typer.Option(
+        0.5, "--sample-interval",
+        help="Seconds between samples of the servers' metrics during a level (0: off; no peaks then)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Directory for results, workload and report."),
-    log_dir: Path | None = typer.Option(None, "--log-dir", help="With --launch: server logs (default OUT/logs)."),
+    log_dir: Path | None = typer.Option(
+        None, "--log-dir", help="With --launch: server logs (default OUT/logs)."),
 ) -> None:
     """A/B load test: stock vLLM against Proxima."""
     from proxima.bench import workload as wl
@@ -114,8 +126,10 @@ def bench(
         fail("--requests must be at least 1")
     if duration is not None and duration <= 0:
         fail("--duration must be a positive number of seconds")
-    if slo_p95 <= 0 or timeout <= 0 or sample_interval <= 0 or avalanche_factor <= 0:
-        fail("--slo-p95, --timeout, --sample-interval and --avalanche-factor must be positive")
+    if slo_p95 <= 0 or timeout <= 0 or avalanche_factor <= 0:
+        fail("--slo-p95, --timeout and --avalanche-factor must be positive")
+    if sample_interval < 0:
+        fail("--sample-interval is seconds between metrics samples (0 turns sampling off)")
     if not 0 <= max_error_rate < 1:
         fail("--max-error-rate is a fraction in [0, 1), e.g. 0.1 for 10%")
 
@@ -138,7 +152,8 @@ def bench(
                 fail("--prompt-tokens applies to built-in workloads; a file's prompts are used as written")
             if output_range is not None:
                 if output_range.low != output_range.high:
-                    fail("with a workload file, --max-tokens takes one number (the default for lines without one)")
+                    fail("with a workload file, --max-tokens takes one number "
+                         "(the default for lines without one)")
                 default_max = output_range.low
             output_range = None
             wl.load_jsonl(workload, default_max)  # validate now: nothing is launched or written on a bad file
@@ -173,11 +188,17 @@ def bench(
 
     params = SweepParams(per_level, duration, slo_p95, max_error_rate, avalanche_factor,
                          request_timeout_s=timeout, sample_interval_s=sample_interval, seed=seed)
-    plan = BenchPlan(plan_workload, levels, params, urls, labels, launch_plan, default_max, _command(ctx))
+    plan = BenchPlan(plan_workload, levels, params, urls, labels, launch_plan, default_max, _command(ctx),
+                     interleave)
     _run(plan, out)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _run(plan, out: Path | None) -> None:
+    import signal
     import sys
 
     from rich.console import Console
@@ -191,6 +212,8 @@ def _run(plan, out: Path | None) -> None:
     # Piped or captured output gets a fixed, wide table rather than one squeezed into 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
     progress = report.ProgressObserver.make(Console(stderr=True))
+    # SIGTERM ends the run like Ctrl-C does, so servers bench launched are stopped, not orphaned.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with progress:
             result, work = run_bench(plan, report.ProgressObserver(progress))
@@ -201,8 +224,13 @@ def _run(plan, out: Path | None) -> None:
     except LaunchError as err:
         fail(str(err), code=1)
     except KeyboardInterrupt:
-        fail("interrupted; launched servers were stopped, nothing written", code=130)
-    written = report.write_outputs(result, work, out) if out else []
+        fail("interrupted; launched servers were stopped, no results written", code=130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        written = report.write_outputs(result, work, out) if out else []
+    except OSError as err:
+        fail(f"cannot write the results to {out}: {err.strerror or err}; choose another --out")
     for table in report.terminal_tables(result):
         console.print(table)
     console.print(report.verdict_panel(result))

@@ -1,0 +1,196 @@
+"""`proxima bench` against real vLLM servers on loopback (tiny model, CPU).
+
+- the client's counts agree with the server's own counters (scraped independently here);
+- a request the server rejects is a failed request with the server's reason;
+- `--launch` brings up block then token, one after the other, and compares them; the token
+  server, bench's own ManagedServer, is killed in the middle of a level and is reported (failed
+  requests, an aborted level, higher levels not run), never a crash. One launch serves both
+  tests: server starts are the slow part on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from proxima.bench import report
+from proxima.bench import workload as wl
+from proxima.bench.client import OK
+from proxima.bench.launch import LaunchPlan
+from proxima.bench.results import CONCURRENCY
+from proxima.bench.runner import BenchPlan, run_bench
+from proxima.bench.sweep import Observer, SweepParams, levels_to_run
+from proxima.cli.main import app
+from proxima.scrape import scrape_sync
+from tests.conftest import SERVER_ARGS
+
+pytestmark = pytest.mark.engine
+runner = CliRunner()
+
+
+def test_sweep_agrees_with_the_servers_counters(proxima_server, tmp_path):
+    out = tmp_path / "out"
+    before = scrape_sync(proxima_server.url)
+    result = runner.invoke(app, [
+        "bench", "--url", proxima_server.url, "-c", "1,4", "--rate", "20", "-n", "8",
+        "--prompt-tokens", "20-60", "--max-tokens", "16", "--sample-interval", "0.1", "--out", str(out),
+    ])
+    after = scrape_sync(proxima_server.url)
+    assert result.exit_code == 0, result.output
+    assert before.ok and after.ok
+
+    data = json.loads((out / "results.json").read_text())
+    (run,) = data["runs"]
+    assert run["allocator"] == "token" and run["label"] == "token"
+    levels = run["levels"]
+    expected = [("concurrency", 1), ("concurrency", 4), ("rate", 20)]
+    assert [(lv["kind"], lv["value"]) for lv in levels] == expected
+    sent = [json.loads(line) for line in (out / "workload.jsonl").read_text().splitlines()]
+    assert data["workload"]["token_counting"] == wl.SERVER_TOKENIZER
+    for lv in levels:
+        assert (lv["completed"], lv["failed"], lv["timed_out"], lv["aborted"]) == (8, 0, 0, None)
+        assert lv["output_tokens"] == 8 * 16  # ignore_eos: exactly max_tokens each
+        # Per level, the bench's own before/after scrape of the server agrees with the client.
+        assert lv["server_requests_finished"] == lv["completed"]
+        assert lv["server_generation_tokens"] == lv["output_tokens"]
+        assert lv["server_prompt_tokens"] == lv["prompt_tokens"]
+        assert 0 < lv["ttft"]["p50"] <= lv["e2e"]["p50"]
+        assert 0 < lv["itl"]["p50"] and 0 < lv["tpot"]["p50"] < lv["e2e"]["p50"]
+        assert lv["e2e"]["p50"] <= lv["e2e"]["p95"] <= lv["e2e"]["p99"]
+        assert lv["rps"] > 0 and lv["output_tps"] > lv["rps"]
+        assert lv["peak_gpu_memory_bytes"] is None  # no NVML here: N/A, not zero
+        assert lv["timeline"] and lv["peak_kv_usage"] is not None and lv["peak_fragmentation"] is not None
+        if lv["kind"] == "concurrency":
+            assert lv["peak_in_flight"] == lv["value"]
+        assert lv["client_cpu"] > 0
+
+    # Totals against this test's own scrape of the server's counters.
+    completed = sum(lv["completed"] for lv in levels)
+    assert after.requests_finished_total - before.requests_finished_total == completed == 24
+    generated = sum(lv["output_tokens"] for lv in levels)
+    assert after.generation_tokens_total - before.generation_tokens_total == generated
+    prompt_total = sum(lv["prompt_tokens"] for lv in levels)
+    assert after.prompt_tokens_total - before.prompt_tokens_total == prompt_total
+    # The prompt lengths the workload recorded (server /tokenize) are the ones the server saw.
+    assert sum(r["prompt_tokens"] for r in sent) == prompt_total
+    assert all(20 <= r["prompt_tokens"] <= 60 and r["max_tokens"] == 16 for r in sent)
+
+    assert len((out / "results.csv").read_text().strip().splitlines()) == 1 + 3
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") >= 7 and "KV cache occupancy over time" in page
+    assert "within P95 E2E <= 2s" in result.output and "Concurrency sweep" in result.output
+
+
+def test_a_rejected_request_is_a_failure_with_the_servers_reason(proxima_server, tmp_path):
+    path = tmp_path / "w.jsonl"
+    too_long = " ".join(["memory"] * 3000)  # beyond --max-model-len 1024
+    path.write_text("\n".join(json.dumps(r) for r in (
+        {"prompt": "the cache", "max_tokens": 4}, {"prompt": too_long, "max_tokens": 4},
+        {"prompt": "free slots", "max_tokens": 4})) + "\n")
+    plan = BenchPlan(wl.WorkloadPlan(str(path), 3), levels_to_run([1], []),
+                     SweepParams(requests_per_level=3, max_error_rate=0.5, sample_interval_s=0.2),
+                     urls=[proxima_server.url], labels=["p"])
+    result, work = run_bench(plan, Observer())
+    (level,) = result.runs[0].levels
+    assert (level.completed, level.failed, level.aborted) == (2, 1, None)
+    (message,) = level.errors
+    assert message.startswith("HTTP 400") and "1024" in message
+    assert work.token_counting == wl.SERVER_TOKENIZER and work.requests[1].prompt_tokens >= 3000
+
+
+class _Order(Observer):
+    def __init__(self) -> None:
+        self.started: list[tuple[str, float]] = []
+
+    def level_started(self, target, kind, value, total) -> None:
+        self.started.append((target.label, value))
+
+
+def test_two_servers_take_turns_level_by_level_on_the_same_requests(proxima_server):
+    """Two URLs (here one server under two names, to start no other): A, B, A, B, same prompts."""
+    order = _Order()
+    plan = BenchPlan(wl.WorkloadPlan("short-chat", 12, prompt_override=wl.Range(10, 30),
+                                     output_override=wl.Range(4, 4)),
+                     levels_to_run([1, 2], []), SweepParams(requests_per_level=3, sample_interval_s=0),
+                     urls=[proxima_server.url, proxima_server.url], labels=["x", "y"])
+    result, _ = run_bench(plan, order)
+    assert order.started == [("x", 1), ("y", 1), ("x", 2), ("y", 2)]
+    x, y = result.runs
+    assert [lv.prompt_tokens for lv in x.levels] == [lv.prompt_tokens for lv in y.levels]
+    assert x.levels[0].prompt_tokens != x.levels[1].prompt_tokens  # each level its own prompts
+    assert all(lv.completed == 3 and lv.timeline == [] for lv in x.levels + y.levels)  # sampling off
+    assert (x.kv_block_size, x.allocator) == (1, "token") and x.kv_capacity_tokens > 0
+
+
+class _KillAfter(Observer):
+    """Kills one server (SIGKILL to its process group, as a crash would) after `n` completions."""
+
+    def __init__(self, label: str, n: int) -> None:
+        self.label, self.n, self.done, self.killed_pid = label, n, 0, None
+
+    def request_done(self, target, result) -> None:
+        if target.label != self.label:
+            return
+        self.done += result.status == OK
+        if self.done >= self.n and self.killed_pid is None:
+            self.killed_pid = target.pid
+            os.killpg(target.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def launched_ab(tiny_model, tmp_path_factory):
+    """One `--launch` A/B (block, then token; two server starts), token killed in its first level."""
+    logs = tmp_path_factory.mktemp("bench-launch-logs")
+    observer = _KillAfter("token", 6)
+    plan = BenchPlan(
+        wl.WorkloadPlan("short-chat", 240, prompt_override=wl.Range(20, 40),
+                        output_override=wl.Range(32, 32)),
+        levels_to_run([2, 4], []),
+        SweepParams(requests_per_level=60, request_timeout_s=30, sample_interval_s=0.2),
+        launch=LaunchPlan(tiny_model, ("block", "token"), ("block", "token"), SERVER_ARGS, log_dir=logs),
+    )
+    result, work = run_bench(plan, observer)
+    return result, work, observer
+
+
+def test_launch_runs_block_then_token_with_the_same_flags(launched_ab, tmp_path):
+    result, work, _ = launched_ab
+    block, token = result.runs
+    assert (block.label, block.allocator, block.variant) == ("block", "block", "block")
+    assert (token.label, token.allocator, token.variant) == ("token", "token", "token")
+    # One after the other: the first was stopped before the second started.
+    assert block.launch["stopped_at"] <= token.launch["started_at"]
+    assert result.config["launch"]["vllm_args"] == list(SERVER_ARGS)
+    assert [lv.completed for lv in block.levels] == [60, 60]
+    assert [lv.server_requests_finished for lv in block.levels] == [60, 60]
+    assert [lv.server_generation_tokens for lv in block.levels] == [60 * 32, 60 * 32]
+    assert block.stopped is None
+    for run in (block, token):
+        assert Path(run.launch["log"]).exists()
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(run.url + "/health", timeout=2)  # both stopped at the end
+    written = report.write_outputs(result, work, tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert (tmp_path / "out" / "report.html") in written and "block" in page and "token" in page
+
+
+def test_a_server_killed_mid_level_is_reported_not_crashed_on(launched_ab):
+    result, _, observer = launched_ab
+    token = result.runs[1]
+    assert observer.killed_pid is not None
+    (level,) = token.levels  # c=4 was not run
+    assert (level.kind, level.value) == (CONCURRENCY, 2)
+    assert level.completed >= 6 and level.failed > 0
+    assert level.completed + level.failed + level.timed_out + level.cancelled == level.num_sent < 60
+    assert "error rate" in level.aborted and "server unreachable" in level.aborted
+    assert level.server_requests_finished is None  # no after-scrape from a dead server
+    assert "server unreachable" in token.stopped
+    summary = " ".join(result.verdict["summary"])
+    assert "token: meets P95 E2E <= 2s at no tested level; breaks at c=2: stopped early" in summary
+    assert "only block meets the SLO" in summary
