@@ -1,0 +1,155 @@
+"""End-to-end CPU throughput: vLLM with Proxima's slot attention vs stock vLLM's CPU backend.
+
+Offline `vllm.LLM`, in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), one model built by
+`proxima model tiny DIR`, N prompts of random token ids (lengths 32-96, fixed seed) generating
+M tokens each with ignore_eos, greedy. Prints output tokens/s.
+
+    proxima model tiny /tmp/tiny-cpuopt
+    python scripts/bench_cpu_e2e.py --model /tmp/tiny-cpuopt --omp-threads 1
+    git show b62f6eb:proxima/engine/attention/reference.py > /tmp/reference_before.py
+    python scripts/bench_cpu_e2e.py --model /tmp/tiny-cpuopt --baseline /tmp/reference_before.py \
+        --rounds 3 --repeats 4 --omp-threads 1
+
+Each variant runs in its own process (vLLM's plugin registry is per process, and the stock run
+must not see PROXIMA_ALLOCATOR): "stock" (block size 32, vLLM's CPU attention), "proxima"
+(block size 1, Proxima scheduler and slot attention) and, with --baseline, "proxima-baseline":
+the same with `slot_attention_torch`/`write_kv` taken from the given file. Variants alternate
+round by round so a loaded machine slows each alike. Printed: median and best output tokens/s,
+and tokens per second of the engine process's CPU time. On a small shared machine pass
+--omp-threads 1: with more, OpenMP barriers wait on threads descheduled by other work and one
+process's figures spread over two orders of magnitude.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VARIANTS = ("stock", "proxima-baseline", "proxima")
+
+
+def engine_env(variant: str) -> dict[str, str]:
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env.pop("PROXIMA_ALLOCATOR", None)
+    if variant != "stock":
+        env["PROXIMA_ALLOCATOR"] = "token"
+    return env
+
+
+def run_variant(args: argparse.Namespace) -> None:
+    """One variant in this process: warm up, then time --repeats generate() calls."""
+    import random
+
+    import torch
+    from vllm import LLM, SamplingParams
+
+    proxima = args.variant != "stock"
+    if args.variant == "proxima-baseline":
+        use_baseline_attention(args.baseline)
+    extra = {"block_size": 1, "scheduler_cls": "proxima.engine.scheduler.ProximaScheduler"} if proxima \
+        else {"block_size": 32}
+    llm = LLM(model=args.model, dtype="float32", enforce_eager=True, max_model_len=1024,
+              kv_cache_memory_bytes=8 << 20, enable_prefix_caching=False, seed=0, **extra)
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(3, 512) for _ in range(rng.randint(32, 96))]}
+               for _ in range(args.prompts)]
+    params = SamplingParams(max_tokens=args.output_tokens, ignore_eos=True, temperature=0.0)
+    llm.generate(prompts[:8], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    rates, cpu_rates, digest = [], [], hashlib.sha256()
+    for _ in range(args.repeats):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed, cpu_spent = time.perf_counter() - start, time.process_time() - cpu_start
+        num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        rates.append(num_tokens / elapsed)
+        cpu_rates.append(num_tokens / cpu_spent)
+    for o in outputs:  # greedy: the same tokens whatever the attention implementation, up to fp ties
+        digest.update(repr(list(o.outputs[0].token_ids)).encode())
+    result = {"variant": args.variant, "tokens_per_s": rates, "tokens_per_cpu_s": cpu_rates,
+              "outputs_sha256": digest.hexdigest()[:16], "torch_threads": torch.get_num_threads()}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def use_baseline_attention(path: str) -> None:
+    """Point the backend at another reference.py (same process: the engine runs in-process)."""
+    import importlib.util
+
+    from proxima.engine.attention import backend
+
+    spec = importlib.util.spec_from_file_location("reference_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    backend.slot_attention_torch = module.slot_attention_torch
+    backend.write_kv = module.write_kv
+
+
+def drive(args: argparse.Namespace) -> None:
+    variants = [v for v in VARIANTS if v != "proxima-baseline" or args.baseline]
+    results: dict[str, list[float]] = {v: [] for v in variants}
+    cpu_results: dict[str, list[float]] = {v: [] for v in variants}
+    for round_index in range(args.rounds):
+        for variant in variants:
+            command = [sys.executable, __file__, "--variant", variant, "--model", args.model,
+                       "--prompts", str(args.prompts), "--output-tokens", str(args.output_tokens),
+                       "--repeats", str(args.repeats)]
+            if args.baseline:
+                command += ["--baseline", args.baseline]
+            env = engine_env(variant)
+            if args.omp_threads:
+                env["OMP_NUM_THREADS"] = str(args.omp_threads)
+            done = subprocess.run(command, env=env, capture_output=True, text=True, check=False,
+                                  timeout=args.timeout)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            if done.returncode != 0 or not lines:
+                sys.exit(f"error: variant {variant} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            result = json.loads(lines[-1][len("RESULT "):])
+            results[variant].extend(result["tokens_per_s"])
+            cpu_results[variant].extend(result["tokens_per_cpu_s"])
+            print(f"round {round_index + 1} {variant:17} outputs {result['outputs_sha256']} "
+                  f"threads {result['torch_threads']}  tok/s "
+                  + " ".join(f"{r:7.1f}" for r in result["tokens_per_s"]) + "  tok/cpu-s "
+                  + " ".join(f"{r:7.1f}" for r in result["tokens_per_cpu_s"]), flush=True)
+    print(f"\n{args.prompts} prompts x {args.output_tokens} output tokens, {args.rounds} rounds x "
+          f"{args.repeats} repeats. tok/cpu-s: output tokens per second of the engine process's CPU "
+          f"time; best: the least disturbed repeat on a shared machine.")
+    columns = {"median tok/s": {v: statistics.median(r) for v, r in results.items()},
+               "best tok/s": {v: max(r) for v, r in results.items()},
+               "median tok/cpu-s": {v: statistics.median(r) for v, r in cpu_results.items()}}
+    print(f"  {'variant':17}" + "".join(f" {name:>26}" for name in columns))
+    for variant in variants:
+        cells = (f"{c[variant]:9.1f} ({c[variant] / c['stock']:5.2f}x stock)" for c in columns.values())
+        print(f"  {variant:17}" + "".join(f" {cell:>26}" for cell in cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="model directory (proxima model tiny DIR)")
+    parser.add_argument("--baseline", help="another reference.py to run as variant proxima-baseline")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2, help="fresh processes per variant")
+    parser.add_argument("--repeats", type=int, default=3, help="timed generate() calls per process")
+    parser.add_argument("--omp-threads", type=int, default=0,
+                        help="OMP_NUM_THREADS for every engine process (0: the library default)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per process")
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not (Path(args.model) / "config.json").is_file():
+        sys.exit(f"error: {args.model} is not a model directory; build one with `proxima model tiny DIR`")
+    if args.baseline and not Path(args.baseline).is_file():
+        sys.exit(f"error: --baseline {args.baseline} is not a file")
+    if args.variant:
+        run_variant(args)
+    else:
+        drive(args)
+
+
+if __name__ == "__main__":
+    main()
