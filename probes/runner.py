@@ -17,6 +17,7 @@ import httpx
 from proxima.probes.base import Baseline, DoctorOptions, ProbeContext, ProbeResult, Status
 from proxima.probes.extras import scrape_extras
 from proxima.probes.load import LoadDriver
+from proxima.scrape import describe_http_error
 from proxima.probes.process import find_server_pid
 
 from proxima.scrape import scrape
@@ -93,16 +94,6 @@ def exit_code(results: Sequence[ProbeResult]) -> int:
     if Status.WARN in statuses:
         return 1
     return 0
-
-
-def describe_http_error(err: Exception) -> str:
-    if isinstance(err, httpx.ConnectError):
-        return "connection refused (is the server running?)"
-    if isinstance(err, httpx.TimeoutException):
-        return "timed out"
-    if isinstance(err, httpx.HTTPStatusError):
-        return f"HTTP {err.response.status_code}"
-    return f"{type(err).__name__}: {err}"
 
 
 async def discover(client: httpx.AsyncClient, url: str) -> tuple[str | None, int | None, str | None]:

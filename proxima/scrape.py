@@ -261,7 +261,7 @@ async def scrape(client: httpx.AsyncClient, url: str, timeout: float = 5.0,
         response.raise_for_status()
         return parse_metrics(response.text, url, taken_at, engine)
     except (httpx.HTTPError, ValueError) as err:
-        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=_describe(err))
+        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=describe_http_error(err))
 
 
 def scrape_sync(url: str, timeout: float = 5.0, engine: str | None = None) -> ServerSnapshot:
@@ -271,10 +271,11 @@ def scrape_sync(url: str, timeout: float = 5.0, engine: str | None = None) -> Se
         response.raise_for_status()
         return parse_metrics(response.text, url, taken_at, engine)
     except (httpx.HTTPError, ValueError) as err:
-        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=_describe(err))
+        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=describe_http_error(err))
 
 
-def _describe(err: Exception) -> str:
+def describe_http_error(err: Exception) -> str:
+    """One line for an HTTP failure, as the tools show it."""
     if isinstance(err, httpx.ConnectError):
         return "connection refused (is the server running?)"
     if isinstance(err, httpx.TimeoutException):
