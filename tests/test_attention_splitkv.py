@@ -9,28 +9,25 @@ most 96 tokens spans up to 6 segments) by replacing ``choose_tiles`` / ``choose_
 
 from __future__ import annotations
 
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
+import functools
 import math
-from dataclasses import dataclass
 
-import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
-from proxima.engine.attention.reference import slot_attention_torch
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# The interpreter's own use of numpy (tensor-as-index) warns on every program; not ours to fix.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only machines
+    BACKEND_LAYOUT,
+    DEVICE,
+    INTERPRETER_WARNINGS,
+    Batch,
 )
-GARBAGE_SLOT = 1 << 29  # out of range on purpose: any read of an entry past seq_len would fault
+from tests.attention_cases import make_batch as _make_batch
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from proxima.engine.attention.reference import slot_attention_torch  # noqa: E402
+
+pytestmark = INTERPRETER_WARNINGS
 KV_TILE = 16  # forced BLOCK_N: segments are whole tiles, so a 96-token context has 6 of them
 
 # (q_len, seq_len): decodes over 6, 3, 1 and 1 tiles (the short ones leave segments empty once
@@ -40,51 +37,8 @@ MIXED = [(1, 96), (1, 40), (7, 7), (1, 9), (12, 70), (0, 6), (1, 1), (5, 21), (0
 DECODES = [(1, 96), (1, 9), (1, 50), (1, 1), (1, 17)]
 
 
-@dataclass(slots=True)
-class Batch:
-    query: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    slot_table: torch.Tensor
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    scale: float
-    output: torch.Tensor  # poisoned with NaN
-
-    def args(self, output: torch.Tensor | None = None) -> tuple:
-        return (self.query, self.k_cache, self.v_cache, self.slot_table, self.query_start_loc,
-                self.seq_lens, self.scale, self.output if output is None else output)
-
-    @property
-    def num_queries(self) -> int:
-        return int(self.query_start_loc[-1])
-
-
-def make_batch(
-    requests: list[tuple[int, int]], num_query_heads: int, num_kv_heads: int, head_size: int, *,
-    seed: int, dtype: torch.dtype = torch.float32, pad_rows: int = 3,
-) -> Batch:
-    """Fragmented slots; K|V side by side per head in one row (the backend's layout)."""
-    gen = torch.Generator().manual_seed(seed)
-    num_slots = sum(s for _, s in requests) + 7  # spare slots hold unrelated data
-    rows = torch.randn(num_slots, num_kv_heads, 2 * head_size, generator=gen).to(dtype)
-    order = torch.randperm(num_slots, generator=gen)
-    slot_table = torch.full((len(requests) + 1, max(s for _, s in requests) + 4), GARBAGE_SLOT,
-                            dtype=torch.int32)
-    taken = 0
-    for r, (_, seq_len) in enumerate(requests):
-        slot_table[r, :seq_len] = order[taken:taken + seq_len].to(torch.int32)
-        taken += seq_len
-    q_lens = torch.tensor([q for q, _ in requests])
-    query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]).to(torch.int32)
-    query = torch.randn(int(query_start_loc[-1]) + pad_rows, num_query_heads, head_size, generator=gen)
-    rows, query = rows.to(DEVICE), query.to(dtype).to(DEVICE)
-    return Batch(
-        query=query, k_cache=rows[..., :head_size], v_cache=rows[..., head_size:],
-        slot_table=slot_table.to(DEVICE), query_start_loc=query_start_loc.to(DEVICE),
-        seq_lens=torch.tensor([s for _, s in requests], dtype=torch.int32, device=DEVICE),
-        scale=1.0 / math.sqrt(head_size), output=torch.full_like(query, float("nan")),
-    )
+# Fragmented slots in the backend's own layout (K|V side by side per head in one row).
+make_batch = functools.partial(_make_batch, fragmented=True, layout=BACKEND_LAYOUT)
 
 
 def expected_of(b: Batch, num_actual_tokens: int | None = None) -> torch.Tensor:
