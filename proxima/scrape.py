@@ -264,10 +264,13 @@ async def scrape(client: httpx.AsyncClient, url: str, timeout: float = 5.0,
         return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=describe_http_error(err))
 
 
-def scrape_sync(url: str, timeout: float = 5.0, engine: str | None = None) -> ServerSnapshot:
+def scrape_sync(url: str, timeout: float = 5.0, engine: str | None = None,
+                client: httpx.Client | None = None) -> ServerSnapshot:
+    """Blocking scrape. Pass a `client` to reuse one connection (and TLS set-up) across scrapes."""
     taken_at = time.time()
     try:
-        response = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout)
+        get = client.get if client is not None else httpx.get
+        response = get(url.rstrip("/") + "/metrics", timeout=timeout)
         response.raise_for_status()
         return parse_metrics(response.text, url, taken_at, engine)
     except (httpx.HTTPError, ValueError) as err:

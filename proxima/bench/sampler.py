@@ -22,7 +22,7 @@ from typing import Self
 import httpx
 
 from proxima.gpu import read_gpus
-from proxima.scrape import ServerSnapshot, parse_metrics
+from proxima.scrape import ServerSnapshot, scrape_sync
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +88,7 @@ class MetricsSampler:
         """One sample, in a worker thread: fetching and parsing an exposition takes milliseconds of
         CPU, which on the event loop would delay the token timestamps being measured. One client
         for the level: a new one per scrape would pay for TLS set-up every time."""
-        taken_at = time.time()
-        try:
-            response = self._http.get(self.url.rstrip("/") + "/metrics")
-            response.raise_for_status()
-            snapshot = parse_metrics(response.text, self.url, taken_at)
-        except (httpx.HTTPError, ValueError) as err:
-            snapshot = ServerSnapshot(url=self.url, taken_at=taken_at, ok=False, error=type(err).__name__)
+        snapshot = scrape_sync(self.url, timeout=self._http.timeout.read or 5.0, client=self._http)
         return sample_of(snapshot, t, gpu_memory_bytes() if self.local else None)
 
     async def _run(self) -> None:
