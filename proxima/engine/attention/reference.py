@@ -52,35 +52,50 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 _VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
+def _one_device(who: str, tensors: tuple[Tensor, ...]) -> None:
+    device = tensors[0].device
+    if any(t.device != device for t in tensors[1:]):
+        raise ValueError(
+            f"{who}: all tensors must be on one device, got {sorted({str(t.device) for t in tensors})}"
+        )
+
+
+# The checks below run per layer per step, so each message is built only once its check fails.
 
 
 def check_write_kv_args(
     key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
 ) -> None:
     """Shape/dtype contract of ``write_kv``; raises ValueError naming the offending argument."""
-    _require(key.dim() == 3, f"write_kv: key must be [T, Hkv, D], got shape {tuple(key.shape)}")
-    _require(value.shape == key.shape,
-             f"write_kv: value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
-    _require(k_cache.dim() == 3,
-             f"write_kv: k_cache must be [num_slots, Hkv, D], got shape {tuple(k_cache.shape)}")
-    _require(v_cache.shape == k_cache.shape,
-             f"write_kv: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
-    _require(key.shape[1:] == k_cache.shape[1:],
-             f"write_kv: key rows {tuple(key.shape[1:])} do not match cache rows {tuple(k_cache.shape[1:])}")
-    _require(key.dtype == value.dtype == k_cache.dtype == v_cache.dtype,
-             f"write_kv: key/value/k_cache/v_cache dtypes differ "
-             f"({key.dtype}, {value.dtype}, {k_cache.dtype}, {v_cache.dtype}); cast before writing")
-    _require(slot_mapping.dim() == 1 and slot_mapping.dtype in _INDEX_DTYPES,
-             f"write_kv: slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} "
-             f"shape {tuple(slot_mapping.shape)}")
-    _require(slot_mapping.shape[0] <= key.shape[0],
-             f"write_kv: slot_mapping has {slot_mapping.shape[0]} entries but key only {key.shape[0]} rows")
-    devices = {t.device for t in (key, value, k_cache, v_cache, slot_mapping)}
-    _require(len(devices) == 1,
-             f"write_kv: all tensors must be on one device, got {sorted(map(str, devices))}")
+    if key.dim() != 3:
+        raise ValueError(f"write_kv: key must be [T, Hkv, D], got shape {tuple(key.shape)}")
+    if value.shape != key.shape:
+        raise ValueError(f"write_kv: value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
+    if k_cache.dim() != 3:
+        raise ValueError(f"write_kv: k_cache must be [num_slots, Hkv, D], got shape {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"write_kv: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}"
+        )
+    if key.shape[1:] != k_cache.shape[1:]:
+        raise ValueError(
+            f"write_kv: key rows {tuple(key.shape[1:])} do not match cache rows {tuple(k_cache.shape[1:])}"
+        )
+    if not key.dtype == value.dtype == k_cache.dtype == v_cache.dtype:
+        raise ValueError(
+            f"write_kv: key/value/k_cache/v_cache dtypes differ "
+            f"({key.dtype}, {value.dtype}, {k_cache.dtype}, {v_cache.dtype}); cast before writing"
+        )
+    if slot_mapping.dim() != 1 or slot_mapping.dtype not in _INDEX_DTYPES:
+        raise ValueError(
+            f"write_kv: slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} "
+            f"shape {tuple(slot_mapping.shape)}"
+        )
+    if slot_mapping.shape[0] > key.shape[0]:
+        raise ValueError(
+            f"write_kv: slot_mapping has {slot_mapping.shape[0]} entries but key only {key.shape[0]} rows"
+        )
+    _one_device("write_kv", (key, value, k_cache, v_cache, slot_mapping))
 
 
 def check_attention_args(
@@ -94,47 +109,65 @@ def check_attention_args(
     num_actual_tokens: int | None,
 ) -> None:
     """Shape/dtype contract of slot attention (no value checks: those would sync a GPU)."""
-    _require(query.dim() == 3, f"slot attention: query must be [T, Hq, D], got shape {tuple(query.shape)}")
-    _require(query.dtype in _VALUE_DTYPES,
-             f"slot attention: query dtype {query.dtype} not in {_VALUE_DTYPES}")
-    _require(output.shape == query.shape,
-             f"slot attention: output shape {tuple(output.shape)} != query shape {tuple(query.shape)}")
-    _require(output.dtype == query.dtype,
-             f"slot attention: output dtype {output.dtype} != query dtype {query.dtype}")
-    _require(k_cache.dim() == 3,
-             f"slot attention: k_cache must be [num_slots, Hkv, D], got shape {tuple(k_cache.shape)}")
-    _require(v_cache.shape == k_cache.shape,
-             f"slot attention: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
-    _require(k_cache.dtype == v_cache.dtype == query.dtype,
-             f"slot attention: k_cache/v_cache dtypes ({k_cache.dtype}, {v_cache.dtype}) must equal "
-             f"query dtype {query.dtype}")
+    if query.dim() != 3:
+        raise ValueError(f"slot attention: query must be [T, Hq, D], got shape {tuple(query.shape)}")
+    if query.dtype not in _VALUE_DTYPES:
+        raise ValueError(f"slot attention: query dtype {query.dtype} not in {_VALUE_DTYPES}")
+    if output.shape != query.shape:
+        raise ValueError(
+            f"slot attention: output shape {tuple(output.shape)} != query shape {tuple(query.shape)}"
+        )
+    if output.dtype != query.dtype:
+        raise ValueError(f"slot attention: output dtype {output.dtype} != query dtype {query.dtype}")
+    if k_cache.dim() != 3:
+        raise ValueError(
+            f"slot attention: k_cache must be [num_slots, Hkv, D], got shape {tuple(k_cache.shape)}"
+        )
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"slot attention: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}"
+        )
+    if not k_cache.dtype == v_cache.dtype == query.dtype:
+        raise ValueError(
+            f"slot attention: k_cache/v_cache dtypes ({k_cache.dtype}, {v_cache.dtype}) must equal "
+            f"query dtype {query.dtype}"
+        )
     num_query_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads = k_cache.shape[1]
-    _require(k_cache.shape[2] == head_size,
-             f"slot attention: cache head size {k_cache.shape[2]} != query head size {head_size}")
-    _require(num_kv_heads > 0 and num_query_heads % num_kv_heads == 0,
-             f"slot attention: Hq={num_query_heads} is not a multiple of Hkv={num_kv_heads}")
-    _require(slot_table.dim() == 2 and slot_table.dtype in _INDEX_DTYPES,
-             f"slot attention: slot_table must be 2-D int32/int64, got {slot_table.dtype} "
-             f"shape {tuple(slot_table.shape)}")
-    _require(query_start_loc.dim() == 1 and query_start_loc.shape[0] >= 1
-             and query_start_loc.dtype in _INDEX_DTYPES,
-             f"slot attention: query_start_loc must be 1-D int32/int64 of R+1 >= 1 entries, got "
-             f"{query_start_loc.dtype} shape {tuple(query_start_loc.shape)}")
+    if k_cache.shape[2] != head_size:
+        raise ValueError(
+            f"slot attention: cache head size {k_cache.shape[2]} != query head size {head_size}"
+        )
+    if num_kv_heads == 0 or num_query_heads % num_kv_heads:
+        raise ValueError(f"slot attention: Hq={num_query_heads} is not a multiple of Hkv={num_kv_heads}")
+    if slot_table.dim() != 2 or slot_table.dtype not in _INDEX_DTYPES:
+        raise ValueError(
+            f"slot attention: slot_table must be 2-D int32/int64, got {slot_table.dtype} "
+            f"shape {tuple(slot_table.shape)}"
+        )
+    if (query_start_loc.dim() != 1 or query_start_loc.shape[0] < 1
+            or query_start_loc.dtype not in _INDEX_DTYPES):
+        raise ValueError(
+            f"slot attention: query_start_loc must be 1-D int32/int64 of R+1 >= 1 entries, got "
+            f"{query_start_loc.dtype} shape {tuple(query_start_loc.shape)}"
+        )
     num_requests = query_start_loc.shape[0] - 1
-    _require(seq_lens.dim() == 1 and seq_lens.dtype in _INDEX_DTYPES and seq_lens.shape[0] >= num_requests,
-             f"slot attention: seq_lens must be 1-D int32/int64 with >= R={num_requests} entries, got "
-             f"{seq_lens.dtype} shape {tuple(seq_lens.shape)}")
-    _require(slot_table.shape[0] >= num_requests,
-             f"slot attention: slot_table has {slot_table.shape[0]} rows, fewer than R={num_requests}")
-    if num_actual_tokens is not None:
-        _require(isinstance(num_actual_tokens, int) and 0 <= num_actual_tokens <= query.shape[0],
-                 f"slot attention: num_actual_tokens={num_actual_tokens!r} must be an int in "
-                 f"[0, {query.shape[0]}]")
-    tensors = (query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output)
-    devices = {t.device for t in tensors}
-    _require(len(devices) == 1,
-             f"slot attention: all tensors must be on one device, got {sorted(map(str, devices))}")
+    if seq_lens.dim() != 1 or seq_lens.dtype not in _INDEX_DTYPES or seq_lens.shape[0] < num_requests:
+        raise ValueError(
+            f"slot attention: seq_lens must be 1-D int32/int64 with >= R={num_requests} entries, got "
+            f"{seq_lens.dtype} shape {tuple(seq_lens.shape)}"
+        )
+    if slot_table.shape[0] < num_requests:
+        raise ValueError(
+            f"slot attention: slot_table has {slot_table.shape[0]} rows, fewer than R={num_requests}"
+        )
+    if num_actual_tokens is not None and not (
+        isinstance(num_actual_tokens, int) and 0 <= num_actual_tokens <= query.shape[0]
+    ):
+        raise ValueError(
+            f"slot attention: num_actual_tokens={num_actual_tokens!r} must be an int in [0, {query.shape[0]}]"
+        )
+    _one_device("slot attention", (query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output))
 
 
 def kv_rows(k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, int] | None:
@@ -198,8 +231,8 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
     # step has none and skips the mask. (Reading them back syncs a GPU; this is the CPU path:
     # the Triton writer skips padding in-kernel instead, so it stays graph-capturable.)
     lowest, highest = (int(x) for x in torch.aminmax(slots))
-    _require(highest < k_cache.shape[0],
-             f"write_kv: slot {highest} out of range for a cache of {k_cache.shape[0]} slots")
+    if highest >= k_cache.shape[0]:
+        raise ValueError(f"write_kv: slot {highest} out of range for a cache of {k_cache.shape[0]} slots")
     if lowest < 0:
         rows = (slots >= 0).nonzero().squeeze(1)
         if rows.numel() == 0:
@@ -272,15 +305,21 @@ def slot_attention_torch(
 def _check_metadata_values(
     starts: np.ndarray, q_lens: np.ndarray, ctx_lens: np.ndarray, num_rows: int, table_width: int
 ) -> None:
-    _require(int(starts[0]) >= 0, f"slot attention: query_start_loc[0]={int(starts[0])} is negative")
-    _require(bool((q_lens >= 0).all()), "slot attention: query_start_loc is not non-decreasing")
-    _require(int(starts[-1]) <= num_rows,
-             f"slot attention: query_start_loc[-1]={int(starts[-1])} exceeds the {num_rows} query rows")
+    if starts[0] < 0:
+        raise ValueError(f"slot attention: query_start_loc[0]={int(starts[0])} is negative")
+    if (q_lens < 0).any():
+        raise ValueError("slot attention: query_start_loc is not non-decreasing")
+    if starts[-1] > num_rows:
+        raise ValueError(
+            f"slot attention: query_start_loc[-1]={int(starts[-1])} exceeds the {num_rows} query rows"
+        )
     live = q_lens > 0
-    _require(bool((ctx_lens[live] >= q_lens[live]).all()),
-             "slot attention: a request has seq_lens < its query length (new tokens must be in the cache)")
-    _require(bool((ctx_lens[live] <= table_width).all()),
-             f"slot attention: a request's seq_len exceeds slot_table width {table_width}")
+    if (ctx_lens[live] < q_lens[live]).any():
+        raise ValueError(
+            "slot attention: a request has seq_lens < its query length (new tokens must be in the cache)"
+        )
+    if (ctx_lens[live] > table_width).any():
+        raise ValueError(f"slot attention: a request's seq_len exceeds slot_table width {table_width}")
 
 
 def _run_start(indices: np.ndarray) -> int | None:

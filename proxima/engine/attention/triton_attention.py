@@ -51,11 +51,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from proxima.engine.attention.reference import (
-    _require,
-    check_attention_args,
-    check_write_kv_args,
-)
+from proxima.engine.attention.reference import check_attention_args, check_write_kv_args
 
 _LOG2_E = 1.4426950408889634
 # Shared memory we let pipelined K/V tiles take (Hopper has 228 KiB per SM; leave headroom for
@@ -73,6 +69,7 @@ class TileConfig:
     num_stages: int = 3
 
 
+@lru_cache(maxsize=4096)  # pure, and asked per layer per step
 def choose_tiles(
     num_tokens: int, num_requests: int, group: int, head_size_pad: int, itemsize: int,
     max_query_len: int | None,
@@ -176,9 +173,10 @@ def write_kv_triton(
     and in range; out-of-range slots are not checked (that would sync)."""
     check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
     for name, t in (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _require(t.stride(2) == 1,
-                 f"write_kv_triton: {name} must have unit stride along D, got strides {t.stride()}")
-    _require(slot_mapping.is_contiguous(), "write_kv_triton: slot_mapping must be contiguous")
+        if t.stride(2) != 1:
+            raise ValueError(f"write_kv_triton: {name} must have unit stride along D, got strides {t.stride()}")
+    if not slot_mapping.is_contiguous():
+        raise ValueError("write_kv_triton: slot_mapping must be contiguous")
     _check_backend(key, "write_kv_triton")
     num_rows = slot_mapping.shape[0]
     if num_rows == 0:
@@ -378,12 +376,16 @@ def slot_attention_triton(
     check_attention_args(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output,
                          num_actual_tokens)
     for name, t in (("query", query), ("output", output), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _require(t.stride(2) == 1,
-                 f"slot_attention_triton: {name} must have unit stride along D, got strides {t.stride()}")
-    _require(slot_table.stride(1) == 1,
-             f"slot_attention_triton: slot_table rows must be contiguous, got strides {slot_table.stride()}")
-    _require(query_start_loc.is_contiguous() and seq_lens.is_contiguous(),
-             "slot_attention_triton: query_start_loc and seq_lens must be contiguous")
+        if t.stride(2) != 1:
+            raise ValueError(
+                f"slot_attention_triton: {name} must have unit stride along D, got strides {t.stride()}"
+            )
+    if slot_table.stride(1) != 1:
+        raise ValueError(
+            f"slot_attention_triton: slot_table rows must be contiguous, got strides {slot_table.stride()}"
+        )
+    if not (query_start_loc.is_contiguous() and seq_lens.is_contiguous()):
+        raise ValueError("slot_attention_triton: query_start_loc and seq_lens must be contiguous")
     _check_backend(query, "slot_attention_triton")
 
     num_tokens, num_query_heads, head_size = query.shape
@@ -402,8 +404,10 @@ def slot_attention_triton(
     num_splits = choose_num_splits(min(num_tiles, num_tokens) * num_kv_heads,
                                    triton.cdiv(_longest_context(slot_table, max_seq_len), tiles.block_n),
                                    _num_sms(query.device))
-    _require(isinstance(num_splits, int) and num_splits >= 1,
-             f"slot_attention_triton: choose_num_splits gave {num_splits!r}; it must be an int >= 1")
+    if not (isinstance(num_splits, int) and num_splits >= 1):
+        raise ValueError(
+            f"slot_attention_triton: choose_num_splits gave {num_splits!r}; it must be an int >= 1"
+        )
     bytes_per_split = num_tokens * num_query_heads * (head_size + 2) * 4
     num_splits = min(num_splits, max(1, _SPLIT_WORKSPACE_BUDGET_BYTES // bytes_per_split))
     if num_splits == 1:
@@ -499,6 +503,8 @@ def _interpreting() -> bool:
 
 
 def _check_backend(t: Tensor, who: str) -> None:
-    _require(t.device.type == "cuda" or _interpreting(),
-             f"{who}: tensors are on {t.device}; Triton needs CUDA, or TRITON_INTERPRET=1 set before "
-             f"Triton is imported (or use the torch implementation in reference.py)")
+    if t.device.type != "cuda" and not _interpreting():
+        raise ValueError(
+            f"{who}: tensors are on {t.device}; Triton needs CUDA, or TRITON_INTERPRET=1 set before "
+            f"Triton is imported (or use the torch implementation in reference.py)"
+        )
