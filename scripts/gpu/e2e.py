@@ -5,7 +5,12 @@ weights, bf16). Each engine configuration runs in its own process (plugin regist
   ample        8 GiB of KV, 256 requests (20-120 word prompts, 128 tokens): compute-bound tok/s
   tight        1 GiB of KV, 512 short-chat requests: running requests, preemptions, tok/s
 
-usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...]
+With --profile, each throughput job also reports where a step's time goes: host time per step
+in the scheduler and in the model runner, host time per eager attention call (mixed steps run
+attention outside CUDA graphs), and, from a second pass under torch.profiler, GPU kernel time
+by kind (attention, KV write, GEMM, other) against the wall time.
+
+usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ ENGINES = {
     "stock-fa3-8g": (False, "FLASH_ATTN", 8 * GiB, ["ample"]),
     "proxima-8g": (True, "CUSTOM", 8 * GiB, ["greedy", "ample"]),
     "stock-fa3-1g": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
+    "stock-triton-1g": (False, "TRITON_ATTN", 1 * GiB, ["tight"]),
     "proxima-1g": (True, "CUSTOM", 1 * GiB, ["tight"]),
     # Stock allocation and FA3, observed by Proxima's scheduler (PROXIMA_ALLOCATOR=block): the
     # per-step request and slot counts come from the same telemetry as Proxima's.
@@ -71,12 +77,91 @@ def prompts(n: int, seed: int, lo: int, hi: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
 
 
-def child(model: str, name: str, out: Path) -> None:
+class HostTimer:
+    """Wraps methods (in place) to sum their host wall time and count their calls."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        inner = getattr(owner, attr)
+
+        def timed(*a, **k):
+            start = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
+                self.calls[label] = self.calls.get(label, 0) + 1
+
+        setattr(owner, attr, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+    def report(self, steps: int) -> dict:
+        return {label: {"calls": self.calls[label], "ms_total": 1e3 * sec,
+                        "us_per_call": 1e6 * sec / self.calls[label],
+                        "ms_per_step": 1e3 * sec / max(steps, 1)}
+                for label, sec in self.seconds.items()}
+
+
+def _attention_impl(backend: str):
+    if backend == "CUSTOM":
+        from proxima.engine.attention.backend import ProximaSlotAttentionImpl
+
+        return ProximaSlotAttentionImpl
+    if backend == "FLASH_ATTN":
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl
+
+        return FlashAttentionImpl
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    return TritonAttentionImpl
+
+
+KERNEL_KINDS = (("attention", ("attention", "attn", "flash", "fmha", "merge_splits")),
+                ("kv write", ("reshape_and_cache", "write_kv")),
+                ("gemm", ("gemm", "cutlass", "nvjet", "sm90_xmma", "matmul")))
+
+
+def kernel_profile(run) -> dict:
+    """GPU kernel time of one call of ``run`` by kind, from torch.profiler (CUDA activity only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        run()
+        wall = time.perf_counter() - start
+    kinds: dict[str, float] = {}
+    top = []
+    for e in prof.key_averages():
+        us = e.self_device_time_total
+        if us <= 0:
+            continue
+        lname = e.key.lower()
+        kind = next((k for k, words in KERNEL_KINDS if any(w in lname for w in words)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + us / 1e3
+        top.append((us / 1e3, e.count, e.key[:90]))
+    top.sort(reverse=True)
+    return {"wall_ms": wall * 1e3, "gpu_ms_by_kind": kinds, "gpu_ms_total": sum(kinds.values()),
+            "top_kernels": top[:15]}
+
+
+def child(model: str, name: str, out: Path, profile: bool = False) -> None:
     proxima, backend, kv_bytes, jobs = ENGINES[name]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if proxima:
         os.environ["PROXIMA_ALLOCATOR"] = "token" if proxima is True else proxima
     from vllm import LLM, SamplingParams
+
+    timer = HostTimer()
+    if profile:
+        impl = _attention_impl(backend)
+        timer.wrap(impl, "forward", "attention forward (eager)")
+        timer.wrap(impl, "do_kv_cache_update", "kv write (eager)")
 
     seeded = name in SEEDED
     if seeded:
@@ -108,6 +193,12 @@ def child(model: str, name: str, out: Path) -> None:
         return preempt(*a, **k)
 
     scheduler.schedule, scheduler._preempt_request = timed, counted
+    if profile:
+        core = llm.llm_engine.engine_core.engine_core
+        timer.wrap(scheduler, "schedule", "scheduler.schedule")
+        timer.wrap(scheduler, "update_from_output", "scheduler.update_from_output")
+        timer.wrap(core.model_executor, "execute_model", "executor.execute_model")
+        timer.wrap(core.model_executor, "sample_tokens", "executor.sample_tokens")
     recorder = Recorder()
     if hasattr(scheduler, "kv_sinks"):
         scheduler.kv_sinks.append(recorder)
@@ -140,9 +231,11 @@ def child(model: str, name: str, out: Path) -> None:
         running.clear()
         recorder.steps.clear()
         preemptions[0] = 0
+        timer.reset()
         t = time.perf_counter()
         outs = llm.generate(ps, sp, use_tqdm=False)
         wall = time.perf_counter() - t
+        host = timer.report(len(running))
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         busy = [r for r in running if r > 0]
         result[job] = {"requests": n, "output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall,
@@ -155,6 +248,9 @@ def child(model: str, name: str, out: Path) -> None:
                        "slot_efficiency": (sum(lv / u for _, u, lv in recorder.steps if u) /
                                            max(1, sum(1 for _, u, _ in recorder.steps if u))),
                        "slots_total": getattr(scheduler, "last_kv_stats", None) and scheduler.last_kv_stats.slots_total}
+        if profile:
+            result[job]["host"] = host
+            result[job]["kernels"] = kernel_profile(lambda ps=ps, sp=sp: llm.generate(ps, sp, use_tqdm=False))
     out.write_text(json.dumps(result))
 
 
@@ -163,6 +259,7 @@ def main() -> None:
     only = None
     if "--only" in sys.argv:
         only = set(sys.argv[sys.argv.index("--only") + 1].split(","))
+    profile = ["--profile"] if "--profile" in sys.argv else []
     out_dir.mkdir(parents=True, exist_ok=True)
     if not only or only & SEEDED:
         build_seeded_model(Path(model).parent / "seeded-model")
@@ -172,8 +269,8 @@ def main() -> None:
         out = out_dir / f"{name}.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
         t = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "--child", model, name, str(out)], env=env,
-                              capture_output=True, text=True, timeout=240)
+        proc = subprocess.run([sys.executable, __file__, "--child", model, name, str(out), *profile], env=env,
+                              capture_output=True, text=True, timeout=300)
         (out_dir / f"{name}.log").write_text(proc.stdout[-20000:] + proc.stderr[-60000:])
         print(f"{name}: rc={proc.returncode} in {time.perf_counter() - t:.0f}s", flush=True)
         if proc.returncode != 0:
@@ -219,10 +316,26 @@ def summarize_throughput(res: dict) -> None:
                 print(f"{job:>6} {name:<16} tok/s {j['output_tok_s']:>9.0f}  running mean {j['running_mean']:>6.1f} "
                       f"peak {j['running_peak']:>4}  preemptions {j['preemptions']:>5}  wall {j['wall_s']:.1f}s "
                       f"init {r['init_s']:.0f}s  wrapper steps {j.get('wrapper_steps')}{extra}")
+                summarize_profile(j)
+
+
+def summarize_profile(j: dict) -> None:
+    steps = max(j.get("wrapper_steps") or 1, 1)
+    if "host" in j:
+        print(f"         ms per step {1e3 * j['wall_s'] / steps:.2f}; host: " + "; ".join(
+            f"{label} {h['ms_per_step']:.2f} ms/step ({h['us_per_call']:.1f} us x {h['calls']})"
+            for label, h in j["host"].items()))
+    if "kernels" in j:
+        k = j["kernels"]
+        kinds = ", ".join(f"{kind} {ms / steps:.2f}" for kind, ms in sorted(k["gpu_ms_by_kind"].items()))
+        print(f"         GPU ms per step (profiled pass): total {k['gpu_ms_total'] / steps:.2f} = {kinds}; "
+              f"profiled wall {k['wall_ms'] / steps:.2f} ms/step")
+        for ms, count, kname in k["top_kernels"][:8]:
+            print(f"           {ms:9.1f} ms  x{count:<7} {kname}")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], Path(sys.argv[4]))
+        child(sys.argv[2], sys.argv[3], Path(sys.argv[4]), profile="--profile" in sys.argv)
     else:
         main()
