@@ -62,19 +62,16 @@ def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_to
 
     scheduler.schedule, scheduler._preempt_request = timed_schedule, counted_preempt
     alloc_per_step: list[float] = []
-    if allocator == "token":  # pure allocator time: the slot manager reports each call
-        observe = scheduler.on_allocate, scheduler.on_free
+    if allocator == "token":  # pure allocator time: the slot manager times each call
+        exporter = scheduler.kv_exporter
+        observe = exporter.observe_latencies
 
-        def on_allocate(seconds, n):
-            alloc_time[0] += seconds
-            observe[0](seconds, n)
+        def observe_latencies(op, seconds):
+            if op != "step":
+                alloc_time[0] += sum(seconds)
+            observe(op, seconds)
 
-        def on_free(seconds, n):
-            alloc_time[0] += seconds
-            observe[1](seconds, n)
-
-        scheduler.kv_cache_manager.observer = type("Obs", (), {"on_allocate": staticmethod(on_allocate),
-                                                               "on_free": staticmethod(on_free)})()
+        exporter.observe_latencies = observe_latencies
     for i, (prompt, out_len) in enumerate(workload(requests, seed)):
         engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=prompt),
                            SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))

@@ -46,7 +46,7 @@ def child(model: str, telemetry: bool, requests: int) -> dict:
         scheduler._collect_stats = timed(scheduler._collect_stats)
         for sink in scheduler.kv_sinks:
             sink.publish = timed(sink.publish)
-            sink.observe_latency = timed(sink.observe_latency)
+            sink.observe_latencies = timed(sink.observe_latencies)
     rng = random.Random(0)
     work = [([rng.randrange(3, 400) for _ in range(rng.randint(50, 200))], rng.randint(20, 100))
             for _ in range(requests)]

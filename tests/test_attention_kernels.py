@@ -365,3 +365,23 @@ def test_triton_launchers_reject_bad_arguments(triton_attention) -> None:
     for args in _bad_write_args().values():
         with pytest.raises(ValueError, match="write_kv"):
             triton_attention.write_kv_triton(*args)
+
+
+def test_triton_relaunch_with_new_data_matches_torch(triton_attention) -> None:
+    """The second launch of a shape goes through the kept compiled kernel (launcher.py) on a GPU:
+    it must read the new call's tensors, not the first call's."""
+    for seed in (21, 22):  # same shapes and dtypes, different data and allocations
+        b = make_batch(MIXED, 4, 2, 32, fragmented=True, seed=seed)
+        key, value = b.query[:, :2].clone(), b.query[:, 2:].clone()
+        gen = torch.Generator().manual_seed(seed)
+        slots = torch.randperm(b.k_cache.shape[0], generator=gen)[: key.shape[0]].to(DEVICE)
+        k_cache, v_cache = b.k_cache.clone(), b.v_cache.clone()
+        triton_attention.write_kv_triton(key, value, k_cache, v_cache, slots)
+        expected_k, expected_v = b.k_cache.clone(), b.v_cache.clone()
+        write_kv(key, value, expected_k, expected_v, slots)
+        assert torch.equal(k_cache.cpu(), expected_k.cpu()) and torch.equal(v_cache.cpu(), expected_v.cpu())
+        expected = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))))
+        triton_attention.slot_attention_triton(*b.args(), max_query_len=7, max_seq_len=40)
+        assert_rows(b.output, expected.cpu(), int(b.query_start_loc[-1]), atol=1e-3, rtol=1e-3)
+    if DEVICE == "cuda":
+        assert triton_attention._launch_attention._compiled and triton_attention._launch_write_kv._compiled

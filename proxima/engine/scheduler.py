@@ -23,7 +23,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from proxima.engine import kv_stats
 from proxima.engine.compat import unsupported_options
-from proxima.engine.kv_manager import SlotKVCacheManager
+from proxima.engine.kv_manager import OpTimings, SlotKVCacheManager
 from proxima.engine.settings import ProximaConfigError, ProximaSettings
 from proxima.metrics.otel_env import RequestKVFacts, otlp_endpoint_from_env
 from proxima.metrics import catalog
@@ -95,8 +95,9 @@ class ProximaScheduler(Scheduler):
         cache_bytes = sum(t.size for t in kv_cache_config.kv_cache_tensors)
         for sink in self.kv_sinks:
             sink.set_static(settings.allocator, self._granularity, bytes_per_token, cache_bytes)
+        self._op_timings: OpTimings | None = None
         if isinstance(self.kv_cache_manager, SlotKVCacheManager) and settings.telemetry:
-            self.kv_cache_manager.observer = self
+            self._op_timings = self.kv_cache_manager.timings = OpTimings()
         self._slow_stats_at = 0.0
         self._occupancy: tuple[float, ...] = ()
         self._largest_free_run = 0
@@ -108,15 +109,6 @@ class ProximaScheduler(Scheduler):
             cache_bytes,
         )
 
-    # AllocatorObserver (the slot manager reports its own timings here).
-    def on_allocate(self, seconds: float, num_slots: int) -> None:
-        for sink in self.kv_sinks:
-            sink.observe_latency("allocate", seconds)
-
-    def on_free(self, seconds: float, num_slots: int) -> None:
-        for sink in self.kv_sinks:
-            sink.observe_latency("free", seconds)
-
     def schedule(self, *args, **kwargs):
         start = time.perf_counter()
         output = super().schedule(*args, **kwargs)
@@ -124,8 +116,13 @@ class ProximaScheduler(Scheduler):
             return output
         elapsed = time.perf_counter() - start
         self.last_kv_stats = self._collect_stats()
+        # The slot manager's calls since the last step: this step's allocations, and the frees
+        # of requests that finished in between.
+        allocate, free = self._op_timings.drain() if self._op_timings is not None else ((), ())
         for sink in self.kv_sinks:
-            sink.observe_latency("step", elapsed)
+            sink.observe_latencies("step", (elapsed,))
+            sink.observe_latencies("allocate", allocate)
+            sink.observe_latencies("free", free)
             sink.publish(self.last_kv_stats)
         return output
 

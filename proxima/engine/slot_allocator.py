@@ -70,9 +70,13 @@ class SlotAllocator:
         if num_tokens > self._num_free:
             return None
         top = self._num_free
-        slots = self._free_stack[top - num_tokens : top][::-1].copy()
+        if num_tokens == 1:  # every decode step, once per running request: skip the fancy indexing
+            slots = self._free_stack[top - 1 : top].copy()
+            self._in_use[slots[0]] = True
+        else:
+            slots = self._free_stack[top - num_tokens : top][::-1].copy()
+            self._in_use[slots] = True
         self._num_free = top - num_tokens
-        self._in_use[slots] = True
         if self.check_invariants:
             self.assert_consistent()
         return slots

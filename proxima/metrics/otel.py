@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -86,8 +87,10 @@ class OtelKVExporter:
         self._info = {"allocator": allocator, "block_size": str(granularity)}
         self._static = {c.BYTES_PER_TOKEN.name: bytes_per_token, c.CACHE_BYTES.name: cache_bytes}
 
-    def observe_latency(self, op: str, seconds: float) -> None:
-        self._latency.record(seconds, {"engine": self.engine, "op": op})
+    def observe_latencies(self, op: str, seconds: Sequence[float]) -> None:
+        attrs = {"engine": self.engine, "op": op}
+        for value in seconds:
+            self._latency.record(value, attrs)
 
     def count_preemption(self) -> None:
         self._preemptions.add(1, self._attrs)

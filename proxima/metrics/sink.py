@@ -1,11 +1,13 @@
 """The interface every KV telemetry sink implements (Prometheus, OpenTelemetry, test recorders).
 
-The scheduler calls each sink once per step (`publish`), per allocator operation
-(`observe_latency`), per preemption and per finished request; sinks never call back into it.
+The scheduler calls each sink once per step (`publish`, and `observe_latencies` with the step's
+time and the allocator calls made since the last step), per preemption and per finished
+request; sinks never call back into it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from proxima.engine.kv_stats import KVStats
@@ -14,7 +16,7 @@ from proxima.metrics.otel_env import RequestKVFacts
 
 class KVTelemetrySink(Protocol):
     def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None: ...
-    def observe_latency(self, op: str, seconds: float) -> None: ...
+    def observe_latencies(self, op: str, seconds: Sequence[float]) -> None: ...
     def count_preemption(self) -> None: ...
     def publish(self, stats: KVStats) -> None: ...
     def request_finished(self, facts: RequestKVFacts) -> None: ...

@@ -33,6 +33,10 @@ ENGINES = {
     "proxima-8g": (True, "CUSTOM", 8 * GiB, ["greedy", "ample"]),
     "stock-fa3-1g": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
     "stock-triton-1g": (False, "TRITON_ATTN", 1 * GiB, ["tight"]),
+    # vLLM's default (FULL_AND_PIECEWISE) runs attention outside CUDA graphs in mixed
+    # prefill+decode steps; FULL captures those steps too (both backends support it).
+    "proxima-1g-full": (True, "CUSTOM", 1 * GiB, ["tight"]),
+    "stock-fa3-1g-full": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
     "proxima-1g": (True, "CUSTOM", 1 * GiB, ["tight"]),
     # Stock allocation and FA3, observed by Proxima's scheduler (PROXIMA_ALLOCATOR=block): the
     # per-step request and slot counts come from the same telemetry as Proxima's.
@@ -46,6 +50,7 @@ ENGINES = {
     "stock-fa3-seeded": (False, "FLASH_ATTN", 2 * GiB, ["greedy"]),
 }
 SEEDED = {"stock-triton-seeded", "proxima-seeded", "stock-fa3-seeded"}
+FULL_GRAPHS = {"proxima-1g-full", "stock-fa3-1g-full"}
 
 
 def build_seeded_model(path: Path) -> None:
@@ -67,7 +72,7 @@ class Recorder:
         self.steps.append((stats.num_requests, stats.slots_used, stats.live_tokens))
 
     def set_static(self, *a) -> None: ...
-    def observe_latency(self, *a) -> None: ...
+    def observe_latencies(self, *a) -> None: ...
     def count_preemption(self) -> None: ...
     def request_finished(self, *a) -> None: ...
 
@@ -169,6 +174,8 @@ def child(model: str, name: str, out: Path, profile: bool = False) -> None:
     kw = dict(load_format="auto" if seeded else "dummy", dtype="bfloat16", max_model_len=2048, seed=0,
               kv_cache_memory_bytes=kv_bytes, max_num_seqs=512, enable_prefix_caching=False,
               attention_backend=backend)
+    if name in FULL_GRAPHS:
+        kw["compilation_config"] = {"cudagraph_mode": "FULL"}
     if proxima is True:
         kw.update(block_size=1, scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
     elif proxima == "block":

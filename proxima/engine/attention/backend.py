@@ -160,10 +160,15 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self._kv_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def _split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = kv_cache.view(kv_cache.shape[0], self.num_kv_heads, 2 * self.head_size)
-        return rows[..., : self.head_size], rows[..., self.head_size :]
+        # A layer's cache tensor lives as long as the engine: make its K and V views once, not
+        # twice per layer per step (host time counts in steps that run outside CUDA graphs).
+        if self._kv_views is None or self._kv_views[0] is not kv_cache:
+            rows = kv_cache.view(kv_cache.shape[0], self.num_kv_heads, 2 * self.head_size)
+            self._kv_views = (kv_cache, rows[..., : self.head_size], rows[..., self.head_size :])
+        return self._kv_views[1], self._kv_views[2]
 
     def do_kv_cache_update(
         self,

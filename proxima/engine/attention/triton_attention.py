@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from proxima.engine.attention.launcher import CompiledLaunch, tensor_key
 from proxima.engine.attention.reference import check_attention_args, check_write_kv_args
 
 _LOG2_E = 1.4426950408889634
@@ -166,6 +167,9 @@ def _write_kv_kernel(
     tl.store(v_cache_ptr + slot * stride_vc_s + heads * stride_vc_h + dims, v, mask=mask)
 
 
+_launch_write_kv = CompiledLaunch(_write_kv_kernel)
+
+
 def write_kv_triton(
     key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
 ) -> None:
@@ -182,13 +186,13 @@ def write_kv_triton(
     if num_rows == 0:
         return
     num_kv_heads, head_size = k_cache.shape[1], k_cache.shape[2]
-    _write_kv_kernel[(num_rows,)](
-        key, value, k_cache, v_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size,
-        HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
-    )
+    tensors = (key, value, k_cache, v_cache, slot_mapping)
+    ints = (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1))
+    constexprs = (num_kv_heads, head_size, triton.next_power_of_2(num_kv_heads),
+                  triton.next_power_of_2(head_size))
+    _launch_write_kv((num_rows, 1, 1), (*tensors, *ints, *constexprs),
+                     (key.device.index, tensor_key(tensors), ints, constexprs))
 
 
 @triton.jit
@@ -348,6 +352,10 @@ def _merge_splits_kernel(
              mask=offs_d < HEAD_SIZE)
 
 
+_launch_attention = CompiledLaunch(_slot_attention_kernel)
+_launch_merge = CompiledLaunch(_merge_splits_kernel)
+
+
 def slot_attention_triton(
     query: Tensor,
     k_cache: Tensor,
@@ -418,29 +426,32 @@ def slot_attention_triton(
                                               query.device)
         ws_strides = (*acc_ws.stride()[:3], *m_ws.stride()[:2])
     row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
-    _slot_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws,
-        float(scale) * _LOG2_E, num_requests, row_limit, num_splits,
-        query.stride(0), query.stride(1), output.stride(0), output.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), slot_table.stride(0),
-        *ws_strides,
-        HEAD_SIZE=head_size, HEAD_SIZE_PAD=head_size_pad, GROUP=group,
-        BLOCK_Q=block_q, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, DOT_DTYPE=_dot_dtype(query.dtype),
-        # fp32 storage would otherwise be multiplied in TF32 (10-bit mantissa); 3xTF32 kept
-        # fp32-level error (3e-7 vs 3e-7 for "ieee") at 2-30x the speed on the H200.
-        DOT_PRECISION="tf32x3" if query.dtype.itemsize == 4 else "tf32",
-        SPLIT=num_splits > 1,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )
+    # Launch arguments in the kernel's parameter order, constexprs last (see launcher.py).
+    tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws)
+    runtime = (float(scale) * _LOG2_E, num_requests, row_limit, num_splits)  # not specialized on
+    strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1),
+               k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+               slot_table.stride(0), *ws_strides)
+    constexprs = (head_size, head_size_pad, group, block_q, tiles.block_m, tiles.block_n,
+                  _dot_dtype(query.dtype),
+                  # fp32 storage would otherwise be multiplied in TF32 (10-bit mantissa); 3xTF32
+                  # kept fp32-level error (3e-7 vs 3e-7 for "ieee") at 2-30x the speed on the H200.
+                  "tf32x3" if query.dtype.itemsize == 4 else "tf32",
+                  num_splits > 1)
+    _launch_attention((num_tiles, num_kv_heads, num_splits), (*tensors, *runtime, *strides, *constexprs),
+                      (query.device.index, tensor_key(tensors), strides, constexprs, tiles),
+                      num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     if num_splits > 1:
         splits_pad = triton.next_power_of_2(num_splits)
-        _merge_splits_kernel[(num_tokens, num_query_heads)](
-            acc_ws, m_ws, l_ws, output, query_start_loc, num_requests, row_limit, num_splits,
-            *ws_strides, output.stride(0), output.stride(1),
-            HEAD_SIZE=head_size, HEAD_SIZE_PAD=head_size_pad, SPLITS_PAD=splits_pad,
-            # The whole [S, D] block sits in registers: 8 warps once it passes 8K floats.
-            num_warps=4 if splits_pad * head_size_pad <= 8192 else 8,
-        )
+        tensors = (acc_ws, m_ws, l_ws, output, query_start_loc)
+        strides = (*ws_strides, output.stride(0), output.stride(1))
+        constexprs = (head_size, head_size_pad, splits_pad)
+        # The whole [S, D] block sits in registers: 8 warps once it passes 8K floats.
+        num_warps = 4 if splits_pad * head_size_pad <= 8192 else 8
+        _launch_merge((num_tokens, num_query_heads, 1),
+                      (*tensors, num_requests, row_limit, num_splits, *strides, *constexprs),
+                      (query.device.index, tensor_key(tensors), strides, constexprs, num_warps),
+                      num_warps=num_warps)
     return output
 
 
