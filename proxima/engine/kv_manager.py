@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+
 import numpy as np
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.kv_cache_interface import KVCacheConfig

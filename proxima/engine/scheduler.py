@@ -25,8 +25,8 @@ from proxima.engine import kv_stats
 from proxima.engine.compat import unsupported_options
 from proxima.engine.kv_manager import OpTimings, SlotKVCacheManager
 from proxima.engine.settings import ProximaConfigError, ProximaSettings
-from proxima.metrics.otel_env import RequestKVFacts, otlp_endpoint_from_env
 from proxima.metrics import catalog
+from proxima.metrics.otel_env import RequestKVFacts, otlp_endpoint_from_env
 from proxima.metrics.prometheus import PrometheusKVExporter
 from proxima.metrics.sink import KVTelemetrySink
 

@@ -39,18 +39,28 @@ class CompiledLaunch:
         self._compiled: dict[Hashable, object] = {}
 
     def __call__(self, grid: tuple[int, int, int], args: Sequence, key: Hashable, **options) -> None:
-        kernel = None if knobs.runtime.launch_enter_hook is not None else self._compiled.get(key)
+        kernel = None if _hooks_installed() else self._compiled.get(key)
         if kernel is None:
             compiled = self._fn[grid](*args, **options)
             if _launchable(compiled) and len(self._compiled) < _MAX_KEYS:
                 self._compiled[key] = compiled
             return
-        stream = driver.active.get_current_stream(driver.active.get_current_device())
-        kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata,
+        kernel.run(grid[0], grid[1], grid[2], _current_stream(), kernel.function, kernel.packed_metadata,
                    None, None, None, *args)
 
     def clear(self) -> None:
         self._compiled.clear()
+
+
+def _current_stream() -> int:
+    """The stream Triton itself would launch on (torch's current stream of the current device)."""
+    return driver.active.get_current_stream(driver.active.get_current_device())
+
+
+def _hooks_installed() -> bool:
+    """A launch hook is set (Triton 3.6 keeps a HookChain, empty when none; older ones None)."""
+    hook = knobs.runtime.launch_enter_hook
+    return bool(getattr(hook, "calls", hook))
 
 
 def _launchable(compiled: object) -> bool:

@@ -1,0 +1,80 @@
+"""CompiledLaunch: the first launch of a key goes through Triton, later ones through the kept
+compiled kernel, and anything it cannot vouch for falls back to Triton.
+
+A real compiled kernel needs a GPU (tests/test_attention_kernels.py relaunches real kernels
+there); on CPU the Triton side is a recording stand-in with the same call shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from triton import knobs
+
+from proxima.engine.attention import launcher
+
+
+class FakeCompiled:
+    def __init__(self) -> None:
+        self.function, self.packed_metadata, self.launches = object(), object(), []
+
+    def run(self, *args) -> None:
+        self.launches.append(args)
+
+
+class FakeJit:
+    """``fn[grid](*args, **options)`` like a @triton.jit function, returning its compiled kernel."""
+
+    def __init__(self, compiled) -> None:
+        self.compiled, self.launches = compiled, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.launches.append((grid, args, options))
+            return self.compiled
+        return launch
+
+
+@pytest.fixture(autouse=True)
+def _stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "_current_stream", lambda: 7)
+
+
+def test_second_launch_of_a_key_uses_the_compiled_kernel() -> None:
+    compiled = FakeCompiled()
+    jit = FakeJit(compiled)
+    launch = launcher.CompiledLaunch(jit)
+    launch((4, 2, 1), (1, 2, "c"), key="k", num_warps=4)
+    assert len(jit.launches) == 1 and not compiled.launches
+    launch((5, 2, 1), (3, 4, "c"), key="k", num_warps=4)
+    assert len(jit.launches) == 1
+    (args,) = compiled.launches
+    assert args[:4] == (5, 2, 1, 7) and args[4] is compiled.function and args[5] is compiled.packed_metadata
+    assert args[6:9] == (None, None, None) and args[9:] == (3, 4, "c")
+    launch((5, 2, 1), (3, 4, "c"), key="other", num_warps=8)
+    assert len(jit.launches) == 2 and jit.launches[1][2] == {"num_warps": 8}
+
+
+def test_interpreter_result_is_not_kept() -> None:
+    jit = FakeJit(None)  # the interpreter returns no compiled kernel
+    launch = launcher.CompiledLaunch(jit)
+    for _ in range(3):
+        launch((1, 1, 1), (), key="k")
+    assert len(jit.launches) == 3
+
+
+def test_installed_launch_hook_sends_every_launch_through_triton() -> None:
+    compiled = FakeCompiled()
+    jit = FakeJit(compiled)
+    launch = launcher.CompiledLaunch(jit)
+    launch((1, 1, 1), (), key="k")
+
+    def hook(metadata) -> None: ...
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launch((1, 1, 1), (), key="k")
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(jit.launches) == 2 and not compiled.launches
+    launch((1, 1, 1), (), key="k")
+    assert len(compiled.launches) == 1
