@@ -7,10 +7,12 @@ there); on CPU the Triton side is a recording stand-in with the same call shapes
 
 from __future__ import annotations
 
-import pytest
-from triton import knobs
+import tests.attention_cases  # noqa: F401  first: sets TRITON_INTERPRET on CPU-only machines
 
-from proxima.engine.attention import launcher
+import pytest  # noqa: E402
+from triton import knobs  # noqa: E402
+
+from proxima.engine.attention import launcher  # noqa: E402
 
 
 class FakeCompiled:
