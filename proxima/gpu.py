@@ -2,11 +2,16 @@
 
 Never raises: no driver, no GPU or an NVML error yields an empty tuple or None fields, which the
 tools show as "N/A". One init per process, guarded, because nvmlInit is not free.
+
+NVML sees every GPU of the host; CUDA_VISIBLE_DEVICES (indices or UUIDs), when set, limits the
+readings to the GPUs a server started from this environment would use, so a tool watching a
+server on GPU 1 does not count what runs on GPU 0.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -61,9 +66,11 @@ def read_gpus() -> tuple[GpuSnapshot, ...]:
     count = _read(nvml.nvmlDeviceGetCount) or 0
     driver = _read(nvml.nvmlSystemGetDriverVersion)
     driver = driver.decode() if isinstance(driver, bytes) else driver
+    handles = [_read(nvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
+    uuids = [_text(_read(nvml.nvmlDeviceGetUUID, h)) if h is not None else "" for h in handles]
     gpus = []
-    for i in range(count):
-        handle = _read(nvml.nvmlDeviceGetHandleByIndex, i)
+    for i in visible_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids):
+        handle = handles[i]
         if handle is None:
             continue
         name = _read(nvml.nvmlDeviceGetName, handle)
@@ -73,7 +80,7 @@ def read_gpus() -> tuple[GpuSnapshot, ...]:
         gpus.append(
             GpuSnapshot(
                 index=i,
-                name=name.decode() if isinstance(name, bytes) else str(name or "GPU"),
+                name=_text(name) or "GPU",
                 memory_used_bytes=int(mem.used) if mem is not None else None,
                 memory_total_bytes=int(mem.total) if mem is not None else None,
                 utilization_pct=float(util.gpu) if util is not None else None,
@@ -82,3 +89,29 @@ def read_gpus() -> tuple[GpuSnapshot, ...]:
             )
         )
     return tuple(gpus)
+
+
+def visible_indices(cuda_visible_devices: str | None, uuids: list[str]) -> list[int]:
+    """NVML indices of the GPUs CUDA_VISIBLE_DEVICES names (all when unset), in its order.
+
+    Entries are indices or (prefixes of) UUIDs, as CUDA accepts; like CUDA, the list ends at the
+    first entry that names no GPU.
+    """
+    if cuda_visible_devices is None:
+        return list(range(len(uuids)))
+    picked: list[int] = []
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        if entry.isdigit() and int(entry) < len(uuids):
+            index = int(entry)
+        else:
+            index = next((i for i, u in enumerate(uuids) if entry and u.startswith(entry)), -1)
+        if index < 0 or index in picked:
+            break
+        picked.append(index)
+    return picked
+
+
+def _text(value) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)

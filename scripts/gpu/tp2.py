@@ -1,0 +1,134 @@
+"""Tensor parallelism 2 (two H200s): Proxima serves correctly, and its metrics are right per engine.
+
+- Model: the seeded tiny Llama (proxima.tiny_model; 4 layers, 16 query / 4 KV heads, head 128,
+  real random weights with wide logits), float32 so that rounding noise stays far below the gaps
+  between logits and greedy tokens must agree exactly.
+- Servers, one after the other, both `--tensor-parallel-size 2`, CUDA graphs on: stock vLLM
+  (TRITON_ATTN, block 16) and `proxima serve`.
+- Correctness: the same prompts, greedy, through /v1/completions on both: texts compared.
+- Metrics (Proxima): one engine label; slots and bytes per token are per GPU (each worker holds
+  half the KV heads); while a long request streams, used slots track its live tokens; after,
+  used slots and requests holding slots are 0.
+
+usage: python scripts/gpu/tp2.py OUT_DIR        (prints a report; exits 1 on a failed check)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from proxima.launcher import ManagedServer, ServerSpec
+from proxima.scrape import scrape_sync
+from proxima.tiny_model import TinyModelSpec, build_tiny_model
+
+SPEC = TinyModelSpec(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                     num_key_value_heads=4, head_dim=128, init_std=0.05, seed=1)
+KV_BYTES = 1 << 30
+COMMON = ("--tensor-parallel-size", "2", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "64",
+          "--kv-cache-memory-bytes", str(KV_BYTES), "--no-enable-prefix-caching", "--seed", "0")
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings".split()
+
+
+def prompts(n: int) -> list[str]:
+    rng = random.Random(5)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 60))) for _ in range(n)]
+
+
+def complete(url: str, model: str, prompt: str, max_tokens: int) -> str:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+    r.raise_for_status()
+    return r.json()["choices"][0]["text"]
+
+
+def run_server(variant: str, model: str, out: Path, args: tuple[str, ...], during=None) -> dict:
+    spec = ServerSpec(model=model, variant=variant, args=args, log_path=out / f"server-{variant}.log")
+    result: dict = {}
+    with ManagedServer(spec) as server:
+        texts = [complete(server.url, model, p, 48) for p in prompts(32)]
+        result["texts"] = texts
+        if during is not None:
+            result["metrics"] = during(server.url, model)
+    return result
+
+
+def check_metrics(url: str, model: str) -> dict:
+    """Snapshots before, during (a long streaming request) and after, from Proxima's /metrics."""
+    before = scrape_sync(url)
+    snaps: list = []
+    done = threading.Event()
+
+    def stream() -> None:
+        body = {"model": model, "prompt": "the quick brown fox " * 5, "max_tokens": 800, "temperature": 0,
+                "ignore_eos": True}
+        httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+        done.set()
+
+    worker = threading.Thread(target=stream)
+    worker.start()
+    while not done.is_set():
+        snaps.append(scrape_sync(url))
+        time.sleep(0.05)
+    worker.join()
+    time.sleep(1.0)  # the engine publishes its idle state on the next step
+    after = scrape_sync(url)
+
+    def kv(s):
+        k = s.proxima
+        return None if k is None else {
+            "slots_total": k.slots_total, "slots_used": k.slots_used, "live_tokens": k.live_tokens,
+            "requests_holding_slots": k.requests_holding_slots, "bytes_per_token": k.bytes_per_token,
+            "cache_bytes": k.cache_bytes, "allocate_calls": k.allocator_latency.get("allocate").count
+            if k.allocator_latency.get("allocate") else 0}
+
+    raw = httpx.get(f"{url}/metrics", timeout=10).text
+    engines = sorted({line.split('engine="')[1].split('"')[0] for line in raw.splitlines()
+                      if line.startswith("proxima_") and 'engine="' in line})
+    return {"engines": engines, "before": kv(before), "during": [kv(s) for s in snaps if s.proxima],
+            "after": kv(after), "vllm_kv_usage_after": after.kv_usage, "running_after": after.running}
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    model = str(build_tiny_model(Path("/tmp/tp2-model"), SPEC))
+    stock = run_server("stock", model, out, (*COMMON, "--block-size", "16", "--attention-backend", "TRITON_ATTN"))
+    proxima = run_server("token", model, out, COMMON, during=check_metrics)
+    (out / "tp2.json").write_text(json.dumps({"stock": stock, "proxima": proxima}, indent=1))
+
+    checks: list[tuple[str, bool, str]] = []
+    same = sum(a == b for a, b in zip(stock["texts"], proxima["texts"]))
+    checks.append(("greedy texts equal to stock TRITON_ATTN (TP=2, float32)", same == len(stock["texts"]),
+                   f"{same}/{len(stock['texts'])}"))
+    m = proxima["metrics"]
+    checks.append(("one engine label", m["engines"] == ["0"], str(m["engines"])))
+    # Per GPU: 2 of the 4 KV heads x (K + V) x head 128 x 4 bytes x 4 layers.
+    per_gpu = (SPEC.num_key_value_heads // 2) * 2 * SPEC.head_dim * 4 * SPEC.num_hidden_layers
+    after, during = m["after"], m["during"]
+    checks.append(("bytes per token is per GPU", after["bytes_per_token"] == per_gpu,
+                   f"{after['bytes_per_token']:.0f} (expected {per_gpu})"))
+    checks.append(("slots_total = KV bytes per GPU / bytes per token",
+                   after["slots_total"] == KV_BYTES // per_gpu, f"{after['slots_total']:.0f}"))
+    track = [d for d in during if d["requests_holding_slots"] == 1]
+    ok_track = bool(track) and all(0 <= d["slots_used"] - d["live_tokens"] <= 1 for d in track)
+    spread = sorted({d["slots_used"] - d["live_tokens"] for d in track})
+    checks.append(("used slots track the live tokens of the streaming request (<= 1 slot ahead)", ok_track,
+                   f"{len(track)} samples; used - live in {spread}"))
+    checks.append(("after: 0 slots used, 0 requests holding slots",
+                   after["slots_used"] == 0 and after["requests_holding_slots"] == 0,
+                   (f"used {after['slots_used']:.0f}, requests {after['requests_holding_slots']:.0f}, "
+                    f"vLLM kv usage {m['vllm_kv_usage_after']}")))
+    for name, ok, detail in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+    return 0 if all(ok for _, ok, _ in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
