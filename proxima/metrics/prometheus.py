@@ -66,6 +66,10 @@ class PrometheusKVExporter:
             self._m[c.OCCUPANCY_MAP.name].labels(engine=engine, segment=str(i))
             for i in range(c.OCCUPANCY_SEGMENTS)
         ]
+        # Labelled children resolved once: publish runs every scheduler step.
+        self._gauges = {spec.name: self._m[spec.name].labels(engine=engine) for spec in c.ENGINE_METRICS
+                        if spec.kind is c.Kind.GAUGE and spec.labels == ("engine",)}
+        self._occupancy_shown: tuple[float, ...] | None = None
 
     def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None:
         self._m[c.ALLOCATOR_INFO.name].labels(
@@ -96,8 +100,11 @@ class PrometheusKVExporter:
         g(c.BLOCK_FRAGMENTATION).set(stats.block_fragmentation)
         g(c.LARGEST_FREE_RUN).set(stats.largest_free_run)
         g(c.RUNNING_REQUESTS).set(stats.num_requests)
-        for gauge, value in zip(self._segments, stats.occupancy):
-            gauge.set(value)
+        # The map is refreshed every SLOW_STATS_INTERVAL_S, not every step: 64 sets only when it has.
+        if stats.occupancy is not self._occupancy_shown:
+            for gauge, value in zip(self._segments, stats.occupancy):
+                gauge.set(value)
+            self._occupancy_shown = stats.occupancy
 
     def _gauge(self, spec: c.MetricSpec):
-        return self._m[spec.name].labels(engine=self.engine)
+        return self._gauges[spec.name]
