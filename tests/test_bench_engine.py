@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -194,3 +197,34 @@ def test_a_server_killed_mid_level_is_reported_not_crashed_on(launched_ab):
     summary = " ".join(result.verdict["summary"])
     assert "token: meets P95 E2E <= 2s at no tested level; breaks at c=2: stopped early" in summary
     assert "only block meets the SLO" in summary
+
+
+
+def test_an_interrupted_bench_writes_the_levels_that_finished(proxima_server, tmp_path):
+    """SIGTERM (what Ctrl-C or a job timeout sends) in the middle of the second level: the first
+    level's figures are written and shown, the run exits 130. A real CLI process, a real signal."""
+    out = tmp_path / "out"
+    finished = lambda: scrape_sync(proxima_server.url).requests_finished_total  # noqa: E731
+    start = finished()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxima.cli.main", "bench", "--url", proxima_server.url, "-c", "1,2",
+         "-n", "4", "--prompt-tokens", "10-30", "--max-tokens", "48", "--sample-interval", "0",
+         "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while finished() < start + 5 and time.monotonic() < deadline:  # level 1's 4, and one of level 2
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "written" in stderr
+    data = json.loads((out / "results.json").read_text())
+    (run,) = data["runs"]
+    assert [(lv["value"], lv["completed"]) for lv in run["levels"]] == [(1, 4)]
+    assert run["stopped"] == "interrupted after c=1"
+    assert data["notes"][0].startswith("Interrupted")
+    assert "c=1" in stdout  # the finished level's table is shown too

@@ -138,15 +138,19 @@ def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, ru
     labels = unique_labels([s.label or auto_label(s.url) for s in group], [s.url for s in group])
     pairs = [_run_for(s, m, lab) for s, m, lab in zip(group, models, labels)]
     targets = [t for t, _ in pairs]
+    # The runs are the caller's from here on, and levels land in them as they finish: an
+    # interrupted bench still reports what it measured.
+    runs.extend(run for _, run in pairs)
     if plan.interleave and len(pairs) > 1:
-        outcomes = asyncio.run(run_interleaved(targets, work, plan.levels, plan.params, observer))
+        outcomes = asyncio.run(run_interleaved(targets, work, plan.levels, plan.params, observer,
+                                               [run.levels for _, run in pairs]))
     else:
-        outcomes = [asyncio.run(run_sweep(t, work, plan.levels, plan.params, observer)) for t in targets]
-    for (_, run), (levels, stopped) in zip(pairs, outcomes):
-        run.levels, run.stopped = levels, stopped
+        outcomes = [asyncio.run(run_sweep(t, work, plan.levels, plan.params, observer, run.levels))
+                    for t, (_, run) in zip(targets, pairs)]
+    for (_, run), (_, stopped) in zip(pairs, outcomes):
+        run.stopped = stopped
         if not run.kv_capacity_tokens:
             _describe_kv(run)
-        runs.append(run)
 
 
 def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Workload]:
@@ -159,11 +163,34 @@ def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Work
         check_reachable(plan.urls)
     runs: list[ServerRun] = []
     work_box: list[wl.Workload] = []
-    with contextlib.closing(_server_groups(plan)) as groups:  # launched servers stop even on errors
-        for group in groups:
-            _measure_group(plan, group, observer, runs, work_box)
+    try:
+        with contextlib.closing(_server_groups(plan)) as groups:  # launched servers stop even on errors
+            for group in groups:
+                _measure_group(plan, group, observer, runs, work_box)
+    except KeyboardInterrupt:
+        measured = [run for run in runs if run.levels]
+        if not measured or not work_box:
+            raise
+        for run in measured:
+            if len(run.levels) < len(plan.levels):
+                run.stopped = "; ".join(filter(None, [run.stopped, f"interrupted after {run.levels[-1].label}"]))
+        result = _result(plan, measured, work_box[0])
+        result.notes.insert(0, "Interrupted: only the levels that finished before the interrupt are reported.")
+        raise BenchInterrupted(result, work_box[0]) from None
     work = work_box[0] if work_box else None
     assert work is not None
+    return _result(plan, runs, work), work
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM after at least one level finished: carries the result of those levels."""
+
+    def __init__(self, result: BenchResult, work: wl.Workload) -> None:
+        super().__init__("bench interrupted")
+        self.result, self.work = result, work
+
+
+def _result(plan: BenchPlan, runs: list[ServerRun], work: wl.Workload) -> BenchResult:
     p = plan.params
     result = BenchResult(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -174,7 +201,7 @@ def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Work
         verdict=verdict(runs, p.slo_p95_s, p.max_error_rate),
     )
     result.notes.extend(client_notes(result))
-    return result, work
+    return result
 
 
 async def _model(url: str) -> str:

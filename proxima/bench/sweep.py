@@ -328,11 +328,12 @@ class ServerSweep:
     """
 
     def __init__(self, target: Target, workload: Workload, levels: list[tuple[str, float]],
-                 params: SweepParams, observer: Observer) -> None:
+                 params: SweepParams, observer: Observer, results: list[LevelResult] | None = None) -> None:
         self.target, self.workload, self.levels = target, workload, levels
         self.params, self.observer = params, observer
         self.offsets = level_offsets(workload, levels, params)
-        self.results: list[LevelResult] = []
+        # The caller's list when given: finished levels are there even if the sweep is interrupted.
+        self.results: list[LevelResult] = [] if results is None else results
         self._stopped: list[str] = []
         self._broken: set[str] = set()
         self._gone = False
@@ -364,9 +365,10 @@ class ServerSweep:
 
 
 async def run_sweep(target: Target, workload: Workload, levels: list[tuple[str, float]], params: SweepParams,
-                    observer: Observer) -> tuple[list[LevelResult], str | None]:
-    """All levels for one server, in order."""
-    sweep = ServerSweep(target, workload, levels, params, observer)
+                    observer: Observer, results: list[LevelResult] | None = None,
+                    ) -> tuple[list[LevelResult], str | None]:
+    """All levels for one server, in order (appended to ``results`` as each finishes, when given)."""
+    sweep = ServerSweep(target, workload, levels, params, observer, results)
     async with new_http_client(params.request_timeout_s) as http:
         for index in range(len(levels)):
             await sweep.run(http, index)
@@ -374,10 +376,13 @@ async def run_sweep(target: Target, workload: Workload, levels: list[tuple[str, 
 
 
 async def run_interleaved(targets: list[Target], workload: Workload, levels: list[tuple[str, float]],
-                          params: SweepParams, observer: Observer) -> list[tuple[list[LevelResult], str | None]]:
+                          params: SweepParams, observer: Observer,
+                          results: list[list[LevelResult]] | None = None,
+                          ) -> list[tuple[list[LevelResult], str | None]]:
     """Servers that are up at the same time take turns level by level (A, B, A, B, ...): a drift in
     the machine's background load then falls on both sides of each comparison, not on one server."""
-    sweeps = [ServerSweep(t, workload, levels, params, observer) for t in targets]
+    sinks = results if results is not None else [None] * len(targets)
+    sweeps = [ServerSweep(t, workload, levels, params, observer, sink) for t, sink in zip(targets, sinks)]
     async with new_http_client(params.request_timeout_s) as http:
         for index in range(len(levels)):
             for sweep in sweeps:

@@ -206,7 +206,7 @@ def _run(plan, out: Path | None) -> None:
     from proxima.bench import report
     from proxima.bench.client import ServerUnreachable
     from proxima.bench.launch import LaunchError
-    from proxima.bench.runner import run_bench
+    from proxima.bench.runner import BenchInterrupted, run_bench
     from proxima.bench.workload import WorkloadError
 
     # Piped or captured output gets a fixed, wide table rather than one squeezed into 80 columns.
@@ -214,9 +214,12 @@ def _run(plan, out: Path | None) -> None:
     progress = report.ProgressObserver.make(Console(stderr=True))
     # SIGTERM ends the run like Ctrl-C does, so servers bench launched are stopped, not orphaned.
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    interrupted = False
     try:
         with progress:
             result, work = run_bench(plan, report.ProgressObserver(progress))
+    except BenchInterrupted as partial:
+        result, work, interrupted = partial.result, partial.work, True
     except WorkloadError as err:
         fail(str(err))
     except ServerUnreachable as err:
@@ -224,7 +227,8 @@ def _run(plan, out: Path | None) -> None:
     except LaunchError as err:
         fail(str(err), code=1)
     except KeyboardInterrupt:
-        fail("interrupted; launched servers were stopped, no results written", code=130)
+        fail("interrupted before any level finished; launched servers were stopped, nothing written",
+             code=130)
     finally:
         signal.signal(signal.SIGTERM, previous)
     try:
@@ -236,3 +240,6 @@ def _run(plan, out: Path | None) -> None:
     console.print(report.verdict_panel(result))
     for path in written:
         console.print(f"wrote {path}")
+    if interrupted:
+        fail("interrupted: the levels that finished are reported above"
+             + (" and written" if written else "") + "; launched servers were stopped", code=130)
