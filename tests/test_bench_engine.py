@@ -204,7 +204,9 @@ def test_an_interrupted_bench_writes_the_levels_that_finished(proxima_server, tm
     """SIGTERM (what Ctrl-C or a job timeout sends) in the middle of the second level: the first
     level's figures are written and shown, the run exits 130. A real CLI process, a real signal."""
     out = tmp_path / "out"
-    finished = lambda: scrape_sync(proxima_server.url).requests_finished_total  # noqa: E731
+    def finished() -> float:
+        return scrape_sync(proxima_server.url).requests_finished_total
+
     start = finished()
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxima.cli.main", "bench", "--url", proxima_server.url, "-c", "1,2",
