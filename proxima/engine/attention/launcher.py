@@ -48,9 +48,6 @@ class CompiledLaunch:
         kernel.run(grid[0], grid[1], grid[2], _current_stream(), kernel.function, kernel.packed_metadata,
                    None, None, None, *args)
 
-    def clear(self) -> None:
-        self._compiled.clear()
-
 
 def _current_stream() -> int:
     """The stream Triton itself would launch on (torch's current stream of the current device)."""
