@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from proxima.engine.attention import reference  # noqa: E402
+from proxima.engine.attention.planning import TileConfig  # noqa: E402
 from proxima.engine.attention.reference import slot_attention_torch, write_kv  # noqa: E402
 
 pytestmark = INTERPRETER_WARNINGS
@@ -303,7 +304,7 @@ def triton_attention():
 def tiles(request, triton_attention, monkeypatch: pytest.MonkeyPatch) -> str:
     """Small tiles put several query tiles in one request and several KV tiles in one context."""
     if request.param == "small-tiles":
-        small = triton_attention.TileConfig(block_m=16, block_n=16)
+        small = TileConfig(block_m=16, block_n=16)
         monkeypatch.setattr(triton_attention, "choose_tiles", lambda *args: small)
     return request.param
 

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from proxima.engine.attention.planning import TileConfig  # noqa: E402
 from proxima.engine.attention.reference import slot_attention_torch  # noqa: E402
 
 pytestmark = INTERPRETER_WARNINGS
@@ -77,7 +78,7 @@ def force(kernels, monkeypatch: pytest.MonkeyPatch):
     def apply(num_splits: int, small_tiles: bool = True) -> list[tuple[int, int]]:
         if small_tiles:
             def tiles(num_tokens, num_requests, group, *rest):
-                return kernels.TileConfig(block_m=max(16, 1 << (group - 1).bit_length()), block_n=KV_TILE)
+                return TileConfig(block_m=max(16, 1 << (group - 1).bit_length()), block_n=KV_TILE)
             monkeypatch.setattr(kernels, "choose_tiles", tiles)
 
         def splits(num_programs, num_kv_tiles, num_sms):
@@ -148,7 +149,7 @@ def test_workspace_budget_caps_the_split_count(kernels, force, monkeypatch: pyte
     force(5)
     b = make_batch(DECODES, 4, 2, 32, seed=12)
     bytes_per_split = b.query.shape[0] * 4 * (32 + 2) * 4  # T x Hq x (D + 2) float32
-    monkeypatch.setattr(kernels, "_SPLIT_WORKSPACE_BUDGET_BYTES", 2 * bytes_per_split + 1)
+    monkeypatch.setattr(kernels, "SPLIT_WORKSPACE_BUDGET_BYTES", 2 * bytes_per_split + 1)
     allocate, asked = kernels._split_workspace, []
 
     def spy(num_tokens, num_heads, num_splits, head_size, device):
@@ -195,7 +196,7 @@ def test_capture_like_call_uses_table_width_and_replays_correctly(kernels, force
     rule = kernels.choose_num_splits
     force(1)  # small tiles; the split count goes back to the real rule just below
     monkeypatch.setattr(kernels, "choose_num_splits", _recording(rule, seen := []))
-    monkeypatch.setattr(kernels, "_num_sms", lambda device: 16)
+    monkeypatch.setattr(kernels, "num_sms", lambda device: 16)
     b = make_batch(DECODES, 4, 2, 32, seed=3)
     real_lens = b.seq_lens.clone()
     b.seq_lens.fill_(1)  # "capture"

@@ -1,0 +1,132 @@
+"""Launch planning for the Triton slot-attention kernels, from host-known numbers only.
+
+Layer: pure functions between the launcher (``triton_attention.slot_attention_triton``) and the
+GPU's shape. Nothing here reads device memory (no sync), so every choice is also valid inside a
+CUDA-graph capture; no choice changes a result, only speed (the kernels are correct for any tile
+shape and any split count >= 1). Each is cached: it is asked per layer per step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+import torch
+import triton
+from torch import Tensor
+
+# Shared memory we let pipelined K/V tiles take (Hopper has 228 KiB per SM; leave headroom for
+# the Q tile and the compiler's own buffers).
+_KV_STAGE_BUDGET_BYTES = 160 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TileConfig:
+    """Launch shape of ``_slot_attention_kernel``."""
+
+    block_m: int  # rows per program: BLOCK_Q query tokens x the GQA group of one KV head (>= 16)
+    block_n: int  # KV token positions per tile (>= 16: tl.dot's minimum)
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@lru_cache(maxsize=4096)  # pure, and asked per layer per step
+def choose_tiles(
+    num_tokens: int, num_requests: int, group: int, head_size_pad: int, itemsize: int,
+    max_query_len: int | None,
+) -> TileConfig:
+    """Tile shape from shapes and host-side hints alone (no device reads). Any choice is correct.
+
+    Measured on an H200 (bf16, Hq=32, Hkv=8, D=128): 64x64 tiles ran a 4096-token prefill 3.3x
+    and a decode+prefill mix 2.1x faster than 16x32; on decode-only batches 16-row tiles were
+    ~12% faster than 64-row ones (a decode fills only GROUP rows, the rest is wasted MMA work).
+    """
+    if itemsize >= 4:
+        # fp32 storage (tests, debugging; not a serving dtype): 3xTF32 dots spill registers on
+        # bigger tiles; 16x32 was fastest on the H200 for both decode and prefill at D=128/256.
+        return TileConfig(block_m=max(16, triton.next_power_of_2(group)), block_n=32, num_stages=2)
+    if max_query_len is not None:
+        decode_only = max_query_len <= 1
+    else:  # guess from shapes, leaving room for cudagraph padding rows
+        decode_only = num_tokens <= 2 * num_requests
+    rows = 16 if decode_only else 64
+    # Wide heads: drop a pipeline stage, then halve the KV tile, to fit shared memory.
+    block_n, num_stages = 64, 3
+
+    def stage_bytes() -> int:
+        return num_stages * 2 * block_n * head_size_pad * itemsize
+
+    if stage_bytes() > _KV_STAGE_BUDGET_BYTES:
+        num_stages = 2
+    while stage_bytes() > _KV_STAGE_BUDGET_BYTES and block_n > 16:
+        block_n //= 2
+    block_m = max(rows, triton.next_power_of_2(group))
+    return TileConfig(block_m=block_m, block_n=block_n, num_stages=num_stages)
+
+
+# Split-KV launch model, after FlashAttention-2's num_splits_heuristic (its two programs per SM
+# and 85% efficiency slack). Two is also what fits here: the bf16 decode kernel compiles for
+# sm_90 to 255 registers x 128 threads, half an SM's 64K registers. The caps (4 waves, 64
+# splits) are ours: past a few waves more splits only add partials to write and merge.
+_PROGRAMS_PER_SM = 2
+_MAX_SPLIT_WAVES = 4
+_MAX_SPLITS = 64
+_SPLIT_EFFICIENCY_SLACK = 0.85
+# vLLM's profiling run never reaches attention, so this temporary is not in its memory budget:
+# keep it small (decode batches that split need well under 1 MiB; this bites only on odd shapes).
+SPLIT_WORKSPACE_BUDGET_BYTES = 16 << 20
+
+
+@lru_cache(maxsize=1024)  # pure, and asked per layer per step: the loop below is ~64 iterations
+def choose_num_splits(num_programs: int, num_kv_tiles: int, num_sms: int | None) -> int:
+    """KV splits per query tile, from host-known numbers only (the choice is baked into graphs).
+
+    ``num_programs``: query tiles x KV heads of the unsplit grid (an estimate is fine);
+    ``num_kv_tiles``: ``BLOCK_N`` tiles of the longest context that may run (the hint, or the
+    slot table width when there is none); ``num_sms``: None where there is no GPU (the
+    interpreter), which never splits. Any value >= 1 is correct.
+
+    Rule: no split when the grid already fills a wave of ``2 x SMs`` programs; otherwise the
+    smallest S whose wave efficiency ``waves / ceil(waves)`` (waves = programs x S / slots) is
+    within 15% of the best S up to min(64, KV tiles, 4 waves' worth): the fewest splits that
+    leave no mostly idle last wave. H200 (132 SMs, Hkv=8, decode): batch 1 -> 28-29 splits,
+    batch 8 -> 4, batch >= 32 -> 1 (those ran at 97% of copy bandwidth already).
+    """
+    if num_sms is None or num_kv_tiles < 2:
+        return 1
+    slots = _PROGRAMS_PER_SM * num_sms
+    if num_programs >= slots:
+        return 1
+    max_splits = min(_MAX_SPLITS, num_kv_tiles, max(1, _MAX_SPLIT_WAVES * slots // max(1, num_programs)))
+    efficiency = []
+    for splits in range(1, max_splits + 1):
+        waves = num_programs * splits / slots
+        efficiency.append(waves / math.ceil(waves))
+    floor = _SPLIT_EFFICIENCY_SLACK * max(efficiency)
+    return next(i + 1 for i, e in enumerate(efficiency) if e >= floor)
+
+
+def longest_context(slot_table: Tensor, max_seq_len: int | None) -> int:
+    """Longest context a launch may see, from the host: the hint, else the slot table width.
+
+    A graph captured now replays with other lengths (vLLM captures with dummy ones), so during
+    capture only the width, which bounds every seq_len, is a safe basis for the split count.
+    """
+    width = slot_table.shape[1]
+    capturing = slot_table.is_cuda and torch.cuda.is_current_stream_capturing()
+    if max_seq_len is None or capturing:
+        return width
+    return max(1, min(int(max_seq_len), width))
+
+
+@cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int | None:
+    """SMs of a CUDA device (cached: it is asked per layer per step); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
