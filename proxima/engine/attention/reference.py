@@ -19,7 +19,8 @@ V are the two halves of one row per slot (the backend's layout, see ``kv_rows``)
 runs instead of the math fallback; and the metadata is planned in numpy, not torch, because
 this runs per layer per step on a handful of integers.
 
-Invariants of the contract (shared with the Triton launcher):
+Invariants of the contract (shared with the Triton launcher; ``checks.py`` enforces its
+shapes and dtypes):
 
 - request ``r`` owns query rows ``query_start_loc[r]:query_start_loc[r+1]``; those ``q_len``
   queries are its last ``q_len`` positions, so query ``i`` sits at absolute position
@@ -37,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from proxima.engine.attention.checks import check_attention_args, check_write_kv_args
+
 # Upper bound on float32 elements of one gathered K (or V) block / score matrix. Decode batches
 # and long prefills are cut into pieces under it, so a batch of long contexts cannot allocate
 # gigabytes of padded copies at once.
@@ -47,128 +50,6 @@ _GATHER_BUDGET_ELEMENTS = 1 << 25
 # pass on 8B-like shapes (scripts/bench_cpu_attention.py). Prefill pieces keep the larger bound:
 # cutting them forces masked pieces where one causal call would do.
 _DECODE_CHUNK_ELEMENTS = 1 << 19
-
-_INDEX_DTYPES = (torch.int32, torch.int64)
-_VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _one_device(who: str, tensors: tuple[Tensor, ...]) -> None:
-    device = tensors[0].device
-    if any(t.device != device for t in tensors[1:]):
-        raise ValueError(
-            f"{who}: all tensors must be on one device, got {sorted({str(t.device) for t in tensors})}"
-        )
-
-
-# The checks below run per layer per step, so each message is built only once its check fails.
-
-
-def check_write_kv_args(
-    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
-) -> None:
-    """Shape/dtype contract of ``write_kv``; raises ValueError naming the offending argument."""
-    if key.dim() != 3:
-        raise ValueError(f"write_kv: key must be [T, Hkv, D], got shape {tuple(key.shape)}")
-    if value.shape != key.shape:
-        raise ValueError(f"write_kv: value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
-    if k_cache.dim() != 3:
-        raise ValueError(f"write_kv: k_cache must be [num_slots, Hkv, D], got shape {tuple(k_cache.shape)}")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"write_kv: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}"
-        )
-    if key.shape[1:] != k_cache.shape[1:]:
-        raise ValueError(
-            f"write_kv: key rows {tuple(key.shape[1:])} do not match cache rows {tuple(k_cache.shape[1:])}"
-        )
-    if not key.dtype == value.dtype == k_cache.dtype == v_cache.dtype:
-        raise ValueError(
-            f"write_kv: key/value/k_cache/v_cache dtypes differ "
-            f"({key.dtype}, {value.dtype}, {k_cache.dtype}, {v_cache.dtype}); cast before writing"
-        )
-    if slot_mapping.dim() != 1 or slot_mapping.dtype not in _INDEX_DTYPES:
-        raise ValueError(
-            f"write_kv: slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} "
-            f"shape {tuple(slot_mapping.shape)}"
-        )
-    if slot_mapping.shape[0] > key.shape[0]:
-        raise ValueError(
-            f"write_kv: slot_mapping has {slot_mapping.shape[0]} entries but key only {key.shape[0]} rows"
-        )
-    _one_device("write_kv", (key, value, k_cache, v_cache, slot_mapping))
-
-
-def check_attention_args(
-    query: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    slot_table: Tensor,
-    query_start_loc: Tensor,
-    seq_lens: Tensor,
-    output: Tensor,
-    num_actual_tokens: int | None,
-) -> None:
-    """Shape/dtype contract of slot attention (no value checks: those would sync a GPU)."""
-    if query.dim() != 3:
-        raise ValueError(f"slot attention: query must be [T, Hq, D], got shape {tuple(query.shape)}")
-    if query.dtype not in _VALUE_DTYPES:
-        raise ValueError(f"slot attention: query dtype {query.dtype} not in {_VALUE_DTYPES}")
-    if output.shape != query.shape:
-        raise ValueError(
-            f"slot attention: output shape {tuple(output.shape)} != query shape {tuple(query.shape)}"
-        )
-    if output.dtype != query.dtype:
-        raise ValueError(f"slot attention: output dtype {output.dtype} != query dtype {query.dtype}")
-    if k_cache.dim() != 3:
-        raise ValueError(
-            f"slot attention: k_cache must be [num_slots, Hkv, D], got shape {tuple(k_cache.shape)}"
-        )
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"slot attention: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}"
-        )
-    if not k_cache.dtype == v_cache.dtype == query.dtype:
-        raise ValueError(
-            f"slot attention: k_cache/v_cache dtypes ({k_cache.dtype}, {v_cache.dtype}) must equal "
-            f"query dtype {query.dtype}"
-        )
-    num_query_heads, head_size = query.shape[1], query.shape[2]
-    num_kv_heads = k_cache.shape[1]
-    if k_cache.shape[2] != head_size:
-        raise ValueError(
-            f"slot attention: cache head size {k_cache.shape[2]} != query head size {head_size}"
-        )
-    if num_kv_heads == 0 or num_query_heads % num_kv_heads:
-        raise ValueError(f"slot attention: Hq={num_query_heads} is not a multiple of Hkv={num_kv_heads}")
-    if slot_table.dim() != 2 or slot_table.dtype not in _INDEX_DTYPES:
-        raise ValueError(
-            f"slot attention: slot_table must be 2-D int32/int64, got {slot_table.dtype} "
-            f"shape {tuple(slot_table.shape)}"
-        )
-    if (query_start_loc.dim() != 1 or query_start_loc.shape[0] < 1
-            or query_start_loc.dtype not in _INDEX_DTYPES):
-        raise ValueError(
-            f"slot attention: query_start_loc must be 1-D int32/int64 of R+1 >= 1 entries, got "
-            f"{query_start_loc.dtype} shape {tuple(query_start_loc.shape)}"
-        )
-    num_requests = query_start_loc.shape[0] - 1
-    if seq_lens.dim() != 1 or seq_lens.dtype not in _INDEX_DTYPES or seq_lens.shape[0] < num_requests:
-        raise ValueError(
-            f"slot attention: seq_lens must be 1-D int32/int64 with >= R={num_requests} entries, got "
-            f"{seq_lens.dtype} shape {tuple(seq_lens.shape)}"
-        )
-    if slot_table.shape[0] < num_requests:
-        raise ValueError(
-            f"slot attention: slot_table has {slot_table.shape[0]} rows, fewer than R={num_requests}"
-        )
-    if num_actual_tokens is not None and not (
-        isinstance(num_actual_tokens, int) and 0 <= num_actual_tokens <= query.shape[0]
-    ):
-        raise ValueError(
-            f"slot attention: num_actual_tokens={num_actual_tokens!r} must be an int in [0, {query.shape[0]}]"
-        )
-    _one_device("slot attention", (query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output))
-
 
 def kv_rows(k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, int] | None:
     """``[num_slots, 2*Hkv*D]`` view when K and V of each slot exactly tile one row, else None.

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from proxima.engine.attention.checks import check_attention_args, check_write_kv_args
 from proxima.engine.attention.launcher import CompiledLaunch, tensor_key
 from proxima.engine.attention.planning import (
     SPLIT_WORKSPACE_BUDGET_BYTES,
@@ -55,9 +56,9 @@ from proxima.engine.attention.planning import (
     longest_context,
     num_sms,
 )
-from proxima.engine.attention.reference import check_attention_args, check_write_kv_args
 
 _LOG2_E = 1.4426950408889634
+
 
 @triton.jit
 def _write_kv_kernel(
