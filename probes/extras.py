@@ -2,8 +2,8 @@
 
 Layer: a thin shim over the scrape layer. It reuses `proxima.scrape`'s own exposition parser, so
 there is still one parser, and it returns an immutable snapshot like the scrape layer does. Every
-field here is a candidate for `ServerSnapshot`; when the
-scrape layer grows them, this module shrinks to a re-export.
+field here is a candidate for `ServerSnapshot`; when the scrape layer grows them, this module
+shrinks to a re-export.
 
 Never raises: a server that is down yields `ok=False`.
 """
