@@ -31,7 +31,14 @@ def child(model: str, telemetry: bool, requests: int) -> dict:
               kv_cache_memory_bytes=16 << 20, max_num_seqs=256, enable_prefix_caching=False,
               scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    spent = [0.0]
+    spent, steps = [0.0], [0]
+    schedule = scheduler.schedule
+
+    def counted_schedule(*a, **k):
+        steps[0] += 1
+        return schedule(*a, **k)
+
+    scheduler.schedule = counted_schedule
 
     def timed(fn):
         def wrapper(*a, **k):
@@ -53,12 +60,13 @@ def child(model: str, telemetry: bool, requests: int) -> dict:
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in work]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     llm.generate(prompts[:8], params[:8], use_tqdm=False)
-    spent[0] = 0.0
+    spent[0], steps[0] = 0.0, 0
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"telemetry": telemetry, "tok_s": tokens / wall, "wall_s": wall, "telemetry_s": spent[0]}
+    return {"telemetry": telemetry, "tok_s": tokens / wall, "wall_s": wall, "telemetry_s": spent[0],
+            "steps": steps[0]}
 
 
 def main() -> None:
@@ -88,11 +96,15 @@ def main() -> None:
     on = [r["tok_s"] for r in runs["on"]]
     off = [r["tok_s"] for r in runs["off"]]
     share = [r["telemetry_s"] / r["wall_s"] for r in runs["on"]]
+    per_step = [1e6 * r["telemetry_s"] / max(r["steps"], 1) for r in runs["on"]]
+    step_ms = [1e3 * r["wall_s"] / max(r["steps"], 1) for r in runs["on"]]
     print(f"throughput on : median {statistics.median(on):.1f} tok/s  runs {[round(x, 1) for x in on]}")
     print(f"throughput off: median {statistics.median(off):.1f} tok/s  runs {[round(x, 1) for x in off]}")
     print(f"throughput change with telemetry: {100 * (statistics.median(on) / statistics.median(off) - 1):+.2f}%")
     print(f"time in telemetry / engine wall time: median {100 * statistics.median(share):.3f}% "
           f"(runs {[round(100 * s, 3) for s in share]})")
+    print(f"telemetry per scheduler step: median {statistics.median(per_step):.0f} us; "
+          f"engine step: median {statistics.median(step_ms):.2f} ms")
 
 
 if __name__ == "__main__":
