@@ -85,6 +85,10 @@ class KVSnapshot:
     preemptions_total: float
     allocator_latency: dict[str, HistogramSnapshot] = field(default_factory=dict)
 
+    @property
+    def slot_usage(self) -> float:
+        return self.slots_used / self.slots_total if self.slots_total else 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class ServerSnapshot:

@@ -2,8 +2,9 @@
 
 Layer: pure data, no I/O, no Textual. `Frame` is one collection tick (each server's
 `ServerSnapshot`, the GPU readings, the time): the unit that is recorded and replayed.
-`ServerView`, `KvView` and `Point` are derived from frames by `views.py`; `state.py` folds frames
-into a `DashboardState`. All are frozen: a panel can never see a half-updated picture.
+`ServerView` and `Point` are derived from frames by `views.py` (a view's `kv` is the server's own
+`KVSnapshot`, its allocator latencies narrowed to the window); `state.py` folds frames into a
+`DashboardState`. All are frozen: a panel can never see a half-updated picture.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxima.gpu import GpuSnapshot
-from proxima.scrape import HistogramSnapshot, ServerSnapshot
+from proxima.scrape import HistogramSnapshot, KVSnapshot, ServerSnapshot
 
 # Occupancy thresholds for colour: warn early, call it danger when requests are already queueing.
 WARN_USAGE = 0.85
@@ -39,33 +40,6 @@ class Frame:
     servers: tuple[ServerSnapshot, ...]
     # None: not read, because no server is on this host; () read, but NVML saw no GPU.
     gpus: tuple[GpuSnapshot, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class KvView:
-    """Proxima's KV figures for one server (or summed over servers for the aggregate)."""
-
-    allocator: str
-    granularity: int
-    slots_total: float
-    slots_used: float
-    slots_free: float
-    slots_cached: float
-    live_tokens: float
-    token_usage: float
-    block_usage: float
-    fragmentation: float
-    block_fragmentation: float
-    largest_free_run: float
-    occupancy: tuple[float, ...]
-    cache_bytes: float
-    requests_holding_slots: float
-    # (op, histogram delta over the latency window), op in catalog.ALLOCATOR_OPS order.
-    allocator_latency: tuple[tuple[str, HistogramSnapshot], ...] = ()
-
-    @property
-    def slot_usage(self) -> float:
-        return self.slots_used / self.slots_total if self.slots_total else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +76,7 @@ class ServerView:
     e2e: HistogramSnapshot = HistogramSnapshot()
     # Span the latency histograms cover; None means since the server started.
     window_s: float | None = None
-    kv: KvView | None = None
+    kv: KVSnapshot | None = None
     typical_request_tokens: float | None = None
     headroom_requests: float | None = None
     level: str = "ok"  # "ok", "warn" or "danger"

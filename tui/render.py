@@ -14,7 +14,8 @@ from rich.text import Text
 
 from proxima.metrics import catalog
 from proxima.tui import fmt
-from proxima.tui.model import DANGER_USAGE, WARN_USAGE, KvView, Point, ServerView
+from proxima.scrape import KVSnapshot
+from proxima.tui.model import DANGER_USAGE, WARN_USAGE, Point, ServerView
 
 RAMP = " ▁▂▃▄▅▆▇█"
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "danger": "bold red"}
@@ -126,7 +127,7 @@ def kv_lines(view: ServerView, width: int) -> list[Text]:
         _row("headroom", *_headroom(view)),
         _row("allocator", *_allocator_latency(kv)),
     ]
-    if any(h.count for _, h in kv.allocator_latency):
+    if any(h.count for h in kv.allocator_latency.values()):
         lines.append(_row("", (f"p50/p99 per call, {window_label(view)} (step = one scheduler step)", DIM)))
     return lines
 
@@ -139,11 +140,11 @@ def _headroom(view: ServerView) -> list[tuple[str, str] | str]:
             f" more requests of {view.typical_request_tokens:,.0f} tokens (mean running size)"]
 
 
-def _allocator_latency(kv: KvView) -> list[tuple[str, str] | str]:
-    if not any(h.count for _, h in kv.allocator_latency):
+def _allocator_latency(kv: KVSnapshot) -> list[tuple[str, str] | str]:
+    if not any(h.count for h in kv.allocator_latency.values()):
         return [("no allocator calls in the window", DIM)]
     return [" · ".join(f"{op} {fmt.seconds(h.quantile(0.5))}/{fmt.seconds(h.quantile(0.99))}"
-                       for op, h in kv.allocator_latency if h.count)]
+                       for op, h in kv.allocator_latency.items() if h.count)]
 
 
 def _stock_kv_lines(view: ServerView, width: int) -> list[Text]:

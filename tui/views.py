@@ -12,13 +12,12 @@ from bisect import bisect_right
 from dataclasses import replace
 
 from proxima.metrics import catalog
-from proxima.scrape import HistogramSnapshot, ServerSnapshot, rate
+from proxima.scrape import HistogramSnapshot, KVSnapshot, ServerSnapshot, rate
 from proxima.tui import fmt
 from proxima.tui.model import (
     DANGER_USAGE,
     WARN_USAGE,
     Frame,
-    KvView,
     Point,
     ServerView,
     Settings,
@@ -60,24 +59,16 @@ def merge_histograms(hists) -> HistogramSnapshot:
     return total or HistogramSnapshot()
 
 
-def _kv_view(snap: ServerSnapshot, window_base: ServerSnapshot | None) -> KvView | None:
+def _kv_view(snap: ServerSnapshot, window_base: ServerSnapshot | None) -> KVSnapshot | None:
+    """The server's KV snapshot, its allocator latency histograms narrowed to the window."""
     kv = snap.proxima
     if kv is None:
         return None
     older = window_base.proxima.allocator_latency if window_base and window_base.proxima else {}
-    return KvView(
-        allocator=kv.allocator, granularity=kv.granularity,
-        slots_total=kv.slots_total, slots_used=kv.slots_used, slots_free=kv.slots_free,
-        slots_cached=kv.slots_cached, live_tokens=kv.live_tokens, token_usage=kv.token_usage,
-        block_usage=kv.block_usage, fragmentation=kv.fragmentation,
-        block_fragmentation=kv.block_fragmentation, largest_free_run=kv.largest_free_run,
-        occupancy=kv.occupancy, cache_bytes=kv.cache_bytes,
-        requests_holding_slots=kv.requests_holding_slots,
-        allocator_latency=tuple(
-            (op, kv.allocator_latency[op].since(older.get(op)))
-            for op in catalog.ALLOCATOR_OPS if op in kv.allocator_latency
-        ),
-    )
+    return replace(kv, allocator_latency={
+        op: kv.allocator_latency[op].since(older.get(op))
+        for op in catalog.ALLOCATOR_OPS if op in kv.allocator_latency
+    })
 
 
 def _failed_total(snap: ServerSnapshot) -> float | None:
@@ -117,7 +108,7 @@ def _figures(snap: ServerSnapshot, rate_base: ServerSnapshot | None,
     )
 
 
-def _typical_request_tokens(snap: ServerSnapshot, kv: KvView | None, used: float | None,
+def _typical_request_tokens(snap: ServerSnapshot, kv: KVSnapshot | None, used: float | None,
                             window_base: ServerSnapshot | None) -> float | None:
     """Mean tokens per running request; with none running, the mean size of recent finished ones."""
     if kv is not None and kv.requests_holding_slots >= 1:
@@ -187,13 +178,13 @@ def _sum(values) -> float | None:
     return sum(known) if known else None
 
 
-def _sum_kv(kvs: list[KvView]) -> KvView | None:
+def _sum_kv(kvs: list[KVSnapshot]) -> KVSnapshot | None:
     if not kvs:
         return None
     total, used = sum(k.slots_total for k in kvs), sum(k.slots_used for k in kvs)
     live = sum(k.live_tokens for k in kvs)
     allocators = sorted({k.allocator for k in kvs})
-    return KvView(
+    return KVSnapshot(
         allocator="/".join(allocators), granularity=min(k.granularity for k in kvs),
         slots_total=total, slots_used=used, slots_free=sum(k.slots_free for k in kvs),
         slots_cached=sum(k.slots_cached for k in kvs), live_tokens=live,
@@ -202,12 +193,14 @@ def _sum_kv(kvs: list[KvView]) -> KvView | None:
         fragmentation=max(0.0, (used - live) / used) if used else 0.0,
         block_fragmentation=max(k.block_fragmentation for k in kvs),
         largest_free_run=max(k.largest_free_run for k in kvs),
-        occupancy=(), cache_bytes=sum(k.cache_bytes for k in kvs),
+        occupancy=(), bytes_per_token=max(k.bytes_per_token for k in kvs),
+        cache_bytes=sum(k.cache_bytes for k in kvs),
         requests_holding_slots=sum(k.requests_holding_slots for k in kvs),
-        allocator_latency=tuple(
-            (op, merge_histograms(h for k in kvs for o, h in k.allocator_latency if o == op))
+        preemptions_total=sum(k.preemptions_total for k in kvs),
+        allocator_latency={
+            op: merge_histograms(k.allocator_latency[op] for k in kvs if op in k.allocator_latency)
             for op in catalog.ALLOCATOR_OPS
-        ),
+        },
     )
 
 
