@@ -103,12 +103,13 @@ def unexplained_slot_growth() -> str:
 RULES: tuple[AlertRule, ...] = (
     AlertRule(
         "ProximaKVExhaustionImminent",
-        (Condition(q.sel(c.TOKEN_USAGE), ">", "0.95"), Condition(q.sel(c.Vllm.WAITING), ">", "0")),
+        (Condition(q.sel(c.TOKEN_USAGE), ">", f"{c.KV_DANGER_USAGE:g}"),
+         Condition(q.sel(c.Vllm.WAITING), ">", "0")),
         "2m", "critical",
         "KV cache {{ $value | humanizePercentage }} full on {{ $labels.instance }} with requests "
         "waiting",
-        "Live tokens fill more than 95% of the KV cache of engine {{ $labels.engine }} on "
-        "{{ $labels.instance }} and requests have been queueing for 2 minutes: new requests wait "
+        f"Live tokens fill more than {c.KV_DANGER_USAGE:.0%} of the KV cache of engine "
+        "{{ $labels.engine }} on {{ $labels.instance }} and requests have been queueing for 2 minutes: new requests wait "
         "for memory and running ones are next to be preempted. Shed or spread load, or give the "
         "cache more memory (--gpu-memory-utilization, --kv-cache-memory-bytes).",
         "kv-exhaustion",

@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxima.gpu import GpuSnapshot
+from proxima.metrics import catalog
 from proxima.scrape import HistogramSnapshot, KVSnapshot, ServerSnapshot
 
 # Occupancy thresholds for colour: warn early, call it danger when requests are already queueing.
 WARN_USAGE = 0.85
-DANGER_USAGE = 0.95
+DANGER_USAGE = catalog.KV_DANGER_USAGE  # the exhaustion alert's threshold too
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,9 @@ class MetricSpec:
 OCCUPANCY_SEGMENTS = 64
 # Block size against which token-granular usage is compared: vLLM's default on GPU.
 REFERENCE_BLOCK_SIZE = 16
+# Token usage at which the KV cache counts as nearly full: `proxima top` turns it red and the
+# exhaustion alert fires on it (with requests waiting). One value, so both tell the same story.
+KV_DANGER_USAGE = 0.95
 
 _LATENCY_BUCKETS = (
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1,
