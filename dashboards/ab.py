@@ -14,7 +14,7 @@ from dashboards import promql as q
 from proxima.metrics import catalog as c
 
 UID = "proxima-ab"
-MODEL = 'model_name=~"$model_name"'
+MODEL = q.MODEL_MATCH
 SIDES = (("A", 'instance="$instance_a"'), ("B", 'instance="$instance_b"'))
 TOKENS_PER_S = "suffix: tok/s"
 
@@ -120,13 +120,11 @@ def throughput_latency(board: p.Board) -> None:
 
 
 def build(runbook_base: str) -> p.Board:
-    instances = f"label_values({q.sel(c.Vllm.RUNNING, MODEL)}, instance)"
     board = (p.Board(UID, "Proxima / A-B comparison",
                      "A Proxima instance beside a stock (or block-allocator) baseline.")
-             .variable(p.query_variable("model_name", "Model",
-                                        f"label_values({c.Vllm.RUNNING}, model_name)", multi=True))
-             .variable(p.query_variable("instance_a", "A (Proxima)", instances, multi=False))
-             .variable(p.query_variable("instance_b", "B (baseline)", instances, multi=False)))
+             .variable(p.query_variable("model_name", "Model", q.MODEL_VALUES, multi=True))
+             .variable(p.query_variable("instance_a", "A (Proxima)", q.INSTANCE_VALUES, multi=False))
+             .variable(p.query_variable("instance_b", "B (baseline)", q.INSTANCE_VALUES, multi=False)))
     board.add(p.text_panel("About this comparison", _intro(runbook_base), height=4))
     comparison(board)
     memory(board)

@@ -12,8 +12,7 @@ from dashboards import promql as q
 from proxima.metrics import catalog as c
 
 UID = "proxima-kv-memory"
-INSTANCE = 'instance=~"$instance"'
-MODEL = 'model_name=~"$model_name"'
+INSTANCE, MODEL = q.INSTANCE_MATCH, q.MODEL_MATCH
 BY_INSTANCE = ("instance",)
 LEGEND = "{{instance}} e{{engine}}"
 
@@ -136,12 +135,10 @@ def allocator(board: p.Board) -> None:
 
 
 def build() -> p.Board:
-    model_query = f"label_values({c.Vllm.RUNNING}, model_name)"
-    instance_query = f"label_values({q.sel(c.Vllm.RUNNING, MODEL)}, instance)"
     board = (p.Board(UID, "Proxima / KV memory",
                      "Token-granular KV cache: occupancy, usage, fragmentation, allocator.")
-             .variable(p.query_variable("model_name", "Model", model_query, multi=True))
-             .variable(p.query_variable("instance", "Instance", instance_query, multi=True)))
+             .variable(p.query_variable("model_name", "Model", q.MODEL_VALUES, multi=True))
+             .variable(p.query_variable("instance", "Instance", q.INSTANCE_VALUES, multi=True)))
     board.add(p.text_panel("About this dashboard", _INTRO, height=4))
     headroom(board)
     occupancy(board)

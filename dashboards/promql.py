@@ -76,3 +76,11 @@ def quantile(q: float, histogram: Metric, window: str, by: tuple[str, ...], *mat
     shifted = f" offset {offset}" if offset else ""
     by_le = ", ".join((*by, "le"))
     return f"histogram_quantile({q:g}, sum by ({by_le}) (rate({bucket}[{window}]{shifted})))"
+
+
+# The template variables the boards filter on ($model_name, $instance): their matchers, and the
+# label_values queries that list their choices (the instances of the chosen models).
+MODEL_MATCH = 'model_name=~"$model_name"'
+INSTANCE_MATCH = 'instance=~"$instance"'
+MODEL_VALUES = f"label_values({c.Vllm.RUNNING}, model_name)"
+INSTANCE_VALUES = f"label_values({sel(c.Vllm.RUNNING, MODEL_MATCH)}, instance)"

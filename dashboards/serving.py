@@ -12,7 +12,7 @@ from dashboards import promql as q
 from proxima.metrics import catalog as c
 
 UID = "proxima-serving"
-MATCH = ('instance=~"$instance"', 'model_name=~"$model_name"')
+MATCH = (q.INSTANCE_MATCH, q.MODEL_MATCH)
 BY_INSTANCE = ("instance",)
 QUANTILES = (0.5, 0.95, 0.99)
 TOKENS_PER_S = "suffix: tok/s"
@@ -86,12 +86,10 @@ def kv(board: p.Board) -> None:
 
 
 def build() -> p.Board:
-    model_query = f"label_values({c.Vllm.RUNNING}, model_name)"
-    instance_query = f"label_values({q.sel(c.Vllm.RUNNING, MATCH[1])}, instance)"
     board = (p.Board(UID, "Proxima / Serving",
                      "vLLM serving: requests, tokens, latency quantiles, queue.")
-             .variable(p.query_variable("model_name", "Model", model_query, multi=True))
-             .variable(p.query_variable("instance", "Instance", instance_query, multi=True)))
+             .variable(p.query_variable("model_name", "Model", q.MODEL_VALUES, multi=True))
+             .variable(p.query_variable("instance", "Instance", q.INSTANCE_VALUES, multi=True)))
     traffic(board)
     latency(board)
     kv(board)
