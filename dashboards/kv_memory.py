@@ -57,7 +57,7 @@ def occupancy(board: p.Board) -> None:
             "KV occupancy map ($instance)",
             c.OCCUPANCY_MAP.help + " One row per segment (00 = start of the cache); red = full. "
             "Scattered partly-filled segments with little free run mean fragmentation.",
-            [p.Target(_padded_segments(q.sel(c.OCCUPANCY_MAP, 'instance=~"$instance"')),
+            [p.Target(_padded_segments(q.sel(c.OCCUPANCY_MAP, INSTANCE)),
                       "{{segment}}")],
             rows=c.OCCUPANCY_SEGMENTS,
         ).repeat("instance").repeat_direction("v"),
