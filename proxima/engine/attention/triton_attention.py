@@ -42,6 +42,8 @@ of two wastes nothing). Storage must be fp16, bf16 or fp32 with unit stride alon
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import triton
 import triton.language as tl
@@ -396,6 +398,7 @@ def _dot_dtype(storage: torch.dtype) -> tl.dtype:
     return tl.float16 if storage == torch.float16 else tl.float32
 
 
+@cache  # fixed when this module's kernels were decorated; asked per layer per step (bf16)
 def _interpreting() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
