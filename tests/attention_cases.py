@@ -100,3 +100,13 @@ def make_batch(
         scale=1.0 / math.sqrt(head_size),
         output=torch.full_like(query, float("nan")).to(DEVICE),
     )
+
+
+def triton_attention_or_skip():
+    """The Triton kernels module, or a skip when it cannot run here (see the module docstring)."""
+    pytest.importorskip("triton")
+    from proxima.engine.attention import triton_attention
+
+    if DEVICE == "cpu" and not triton_attention._interpreting():
+        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set; run this module on its own")
+    return triton_attention

@@ -13,6 +13,7 @@ from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only 
     Batch,
     kv_views,
     make_batch,
+    triton_attention_or_skip,
 )
 
 import pytest  # noqa: E402
@@ -292,12 +293,7 @@ def test_torch_rejects_bad_arguments() -> None:
 
 @pytest.fixture(scope="module")
 def triton_attention():
-    pytest.importorskip("triton")
-    from proxima.engine.attention import triton_attention as module
-
-    if DEVICE == "cpu" and not module._interpreting():
-        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set; run this module on its own")
-    return module
+    return triton_attention_or_skip()
 
 
 @pytest.fixture(params=["default-tiles", "small-tiles"])

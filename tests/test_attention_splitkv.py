@@ -17,6 +17,7 @@ from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only 
     DEVICE,
     INTERPRETER_WARNINGS,
     Batch,
+    triton_attention_or_skip,
 )
 from tests.attention_cases import make_batch as _make_batch
 
@@ -61,12 +62,7 @@ def tolerance(dtype: torch.dtype) -> float:
 
 @pytest.fixture(scope="module")
 def kernels():
-    pytest.importorskip("triton")
-    from proxima.engine.attention import triton_attention as module
-
-    if DEVICE == "cpu" and not module._interpreting():
-        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set; run this module on its own")
-    return module
+    return triton_attention_or_skip()
 
 
 @pytest.fixture
