@@ -295,20 +295,19 @@ def summarize(out_dir: Path) -> None:
 
 
 def compare_greedy(ours: str, theirs: str, a: list, b: list) -> None:
-    if True:
-        same_tokens = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra["tokens"], rb["tokens"]))
-        total = sum(len(r["tokens"]) for r in a)
-        identical = sum(ra["tokens"] == rb["tokens"] for ra, rb in zip(a, b))
-        first_div = [next((i for i, (x, y) in enumerate(zip(ra["tokens"], rb["tokens"])) if x != y), None)
-                     for ra, rb in zip(a, b)]
-        # Logprobs compared up to (excluding) the first divergence, where both saw the same prefix.
-        diffs = [abs(x - y) for ra, rb, d in zip(a, b, first_div)
-                 for x, y in list(zip(ra["logprobs"], rb["logprobs"]))[: d if d is not None else None]]
-        distinct = len({t for r in a for t in r["tokens"]})
-        print(f"greedy {ours} vs {theirs}: {distinct} distinct tokens generated; "
-              f"{identical}/{len(a)} sequences identical; {same_tokens}/{total} positions equal; "
-              f"first divergences at {sorted(x for x in first_div if x is not None)[:10]}; "
-              f"max |logprob diff| before divergence {max(diffs, default=0):.4f}, mean {sum(diffs) / max(len(diffs), 1):.5f}")
+    same_tokens = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra["tokens"], rb["tokens"]))
+    total = sum(len(r["tokens"]) for r in a)
+    identical = sum(ra["tokens"] == rb["tokens"] for ra, rb in zip(a, b))
+    first_div = [next((i for i, (x, y) in enumerate(zip(ra["tokens"], rb["tokens"])) if x != y), None)
+                 for ra, rb in zip(a, b)]
+    # Logprobs compared up to (excluding) the first divergence, where both saw the same prefix.
+    diffs = [abs(x - y) for ra, rb, d in zip(a, b, first_div)
+             for x, y in list(zip(ra["logprobs"], rb["logprobs"]))[: d if d is not None else None]]
+    distinct = len({t for r in a for t in r["tokens"]})
+    print(f"greedy {ours} vs {theirs}: {distinct} distinct tokens generated; "
+          f"{identical}/{len(a)} sequences identical; {same_tokens}/{total} positions equal; "
+          f"first divergences at {sorted(x for x in first_div if x is not None)[:10]}; "
+          f"max |logprob diff| before divergence {max(diffs, default=0):.4f}, mean {sum(diffs) / max(len(diffs), 1):.5f}")
 
 
 def summarize_throughput(res: dict) -> None:
