@@ -17,10 +17,6 @@ import httpx
 from proxima.metrics import catalog as c
 from proxima.scrape import HistogramSnapshot, _Samples
 
-# Stock vLLM names not in the catalog yet; the catalog's spelling wins as soon as it has one.
-_REQUEST_PROMPT_TOKENS = getattr(c.Vllm, "REQUEST_PROMPT_TOKENS", "vllm:request_prompt_tokens")
-_REQUEST_GENERATION_TOKENS = getattr(c.Vllm, "REQUEST_GENERATION_TOKENS", "vllm:request_generation_tokens")
-_PROCESS_RSS = getattr(c.Vllm, "PROCESS_RESIDENT_MEMORY", "process_resident_memory_bytes")
 _CONFIG_NOISE = {"engine", "None", ""}
 # Labels that describe features Proxima's users do not tune (hybrid models, bookkeeping).
 _CONFIG_HIDDEN_PREFIXES = ("_", "mamba_", "user_specified_")
@@ -59,11 +55,11 @@ def parse_extras(text: str) -> ServerExtras:
     return ServerExtras(
         ok=True,
         cache_config=config,
-        prompt_tokens=s.histogram(_REQUEST_PROMPT_TOKENS),
-        generation_tokens=s.histogram(_REQUEST_GENERATION_TOKENS),
+        prompt_tokens=s.histogram(c.Vllm.REQUEST_PROMPT_TOKENS),
+        generation_tokens=s.histogram(c.Vllm.REQUEST_GENERATION_TOKENS),
         prefix_cache_queries=s.total(c.Vllm.PREFIX_CACHE_QUERIES) or 0.0,
         prefix_cache_hits=s.total(c.Vllm.PREFIX_CACHE_HITS) or 0.0,
-        process_rss_bytes=s.total(_PROCESS_RSS),
+        process_rss_bytes=s.total(c.Vllm.PROCESS_RESIDENT_MEMORY),
     )
 
 
