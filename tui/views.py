@@ -71,11 +71,6 @@ def _kv_view(snap: ServerSnapshot, window_base: ServerSnapshot | None) -> KVSnap
     })
 
 
-def _failed_total(snap: ServerSnapshot) -> float | None:
-    # Not every scrape layer version separates failed requests from finished ones; show N/A then.
-    return getattr(snap, "requests_failed_total", None)
-
-
 def _figures(snap: ServerSnapshot, rate_base: ServerSnapshot | None,
              window_base: ServerSnapshot | None) -> ServerView:
     kv = _kv_view(snap, window_base)
@@ -92,7 +87,7 @@ def _figures(snap: ServerSnapshot, rate_base: ServerSnapshot | None,
         url=snap.url, kind="proxima" if kv is not None else "stock", ok=True,
         taken_at=snap.taken_at, last_ok_at=snap.taken_at, model_name=snap.model_name,
         running=snap.running, waiting=snap.waiting, finished_total=snap.requests_finished_total,
-        failed_total=_failed_total(snap), kv_usage=snap.kv_usage, block_size=snap.block_size,
+        failed_total=snap.requests_failed_total, kv_usage=snap.kv_usage, block_size=snap.block_size,
         num_gpu_blocks=snap.num_gpu_blocks, capacity_tokens=capacity, used_tokens=used,
         preemption_rate=rate(snap, rate_base, "preemptions_total"),
         prompt_rate=rate(snap, rate_base, "prompt_tokens_total"),
