@@ -91,7 +91,7 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     if gpus:
         evidence["gpu"] = gpus[0].name
         evidence["gpu_memory_total_bytes"] = gpus[0].memory_total_bytes
-        evidence["driver"] = getattr(gpus[0], "driver_version", None) or "N/A (not reported)"
+        evidence["driver"] = gpus[0].driver_version or "N/A (not reported)"
     else:
         evidence["gpu"] = "none visible through NVML (CPU serving, or no driver)"
     evidence["server_vllm"] = served_vllm or "unknown (/version did not answer)"
