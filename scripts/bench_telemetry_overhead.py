@@ -5,7 +5,11 @@ Each run is a fresh process (token allocator, tiny model, CPU) serving the same 
 alternate on/off so that drift in the machine's load hits both. The direct share is the robust
 figure on a shared machine; the throughput A/B is reported beside it with its spread.
 
+While busy the engine publishes at most once per PROXIMA_TELEMETRY_INTERVAL_S (default 0.05 s);
+``--interval 0`` measures the cost of publishing on every step.
+
 usage: python scripts/bench_telemetry_overhead.py [--model DIR] [--repeats 3] [--requests 256]
+                                                  [--interval SECONDS]
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import time
 from pathlib import Path
 
 
-def child(model: str, telemetry: bool, requests: int) -> dict:
+def child(model: str, telemetry: bool, requests: int, interval: str | None) -> dict:
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", PROXIMA_ALLOCATOR="token",
                       PROXIMA_TELEMETRY="on" if telemetry else "off")
+    if interval is not None:
+        os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = interval
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, block_size=1,
@@ -74,10 +80,11 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--interval", default=None, help="PROXIMA_TELEMETRY_INTERVAL_S (default: the engine's)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        Path(a.child[1]).write_text(json.dumps(child(a.model, a.child[0] == "on", a.requests)))
+        Path(a.child[1]).write_text(json.dumps(child(a.model, a.child[0] == "on", a.requests, a.interval)))
         return
     model = a.model
     if model is None:
@@ -89,8 +96,9 @@ def main() -> None:
         for mode in ("on", "off"):
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
+                interval = ["--interval", a.interval] if a.interval is not None else []
                 subprocess.run([sys.executable, __file__, "--model", model, "--requests", str(a.requests),
-                                "--child", mode, f.name], check=True, env=env,
+                                *interval, "--child", mode, f.name], check=True, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 runs[mode].append(json.loads(Path(f.name).read_text()))
     on = [r["tok_s"] for r in runs["on"]]

@@ -45,8 +45,13 @@ def main(model: str, variant: str) -> dict:
               scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
-    calls = {"allocate_ok": 0, "preempt": 0}
+    calls = {"allocate_ok": 0, "preempt": 0, "schedule": 0}
     mgr_allocate, preempt = scheduler.kv_cache_manager.allocate_slots, scheduler._preempt_request
+    schedule = scheduler.schedule
+
+    def counted_schedule(*args, **kwargs):
+        calls["schedule"] += 1
+        return schedule(*args, **kwargs)
 
     def counted_allocate(*args, **kwargs):
         result = mgr_allocate(*args, **kwargs)
@@ -59,6 +64,7 @@ def main(model: str, variant: str) -> dict:
 
     scheduler.kv_cache_manager.allocate_slots = counted_allocate
     scheduler._preempt_request = counted_preempt
+    scheduler.schedule = counted_schedule
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for i, n in enumerate(PROMPT_LENS):
         engine.add_request(f"m{i}", TokensPrompt(prompt_token_ids=list(range(10, 10 + n))), greedy)
@@ -72,10 +78,16 @@ def main(model: str, variant: str) -> dict:
     scheduler.schedule()  # an idle step, as the server's busy loop makes: publishes the empty state
     result["idle"] = snapshot(scheduler)
 
-    # Oversubscribe: 40 requests of 200 + 60 tokens need 10,400 slots of 4,096.
+    # Oversubscribe: 40 requests of 200 + 60 tokens need 10,400 slots of 4,096. With a publish
+    # interval longer than the run, the gauges must stay as the idle step left them while busy,
+    # and the closing idle step must bring them, and every latency timed meanwhile, up to date.
+    scheduler.telemetry_interval_s = 3600.0
     long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     for i in range(40):
         engine.add_request(f"p{i}", TokensPrompt(prompt_token_ids=[(i * 7 + j) % 400 + 3 for j in range(200)]), long)
+    for _ in range(3):
+        engine.step()
+    result["during_pressure"] = {"running": len(scheduler.running), "prom": exporter_samples(scheduler)}
     while engine.has_unfinished_requests():
         engine.step()
     scheduler.schedule()
@@ -88,6 +100,7 @@ if __name__ == "__main__":
     model_dir, variant, out_path = sys.argv[1:4]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["PROXIMA_ALLOCATOR"] = variant
+    os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = "0"  # publish every step: snapshots are per step
     data = main(model_dir, variant)
     with open(out_path + ".tmp", "w") as f:
         json.dump(data, f)

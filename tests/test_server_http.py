@@ -4,6 +4,7 @@ the server keeps serving, and every slot comes back."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -122,4 +123,15 @@ def test_unsupported_option_is_refused_before_start(tiny_model):
     )
     assert proc.returncode == 2
     assert "--kv-cache-dtype fp8" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_telemetry_interval_is_refused_before_start(tiny_model):
+    env = {**os.environ, "PROXIMA_TELEMETRY_INTERVAL_S": "fast"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxima.cli.main", "serve", tiny_model, "--check"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 2
+    assert "PROXIMA_TELEMETRY_INTERVAL_S='fast' is not a number of seconds" in proc.stderr
     assert "Traceback" not in proc.stderr

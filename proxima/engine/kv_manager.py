@@ -40,8 +40,8 @@ CHECK_ENV = "PROXIMA_CHECK_INVARIANTS"
 class OpTimings:
     """Seconds each allocate / free call took since the last `drain`.
 
-    The scheduler drains it once per step and exports the batch: exporting each call as it
-    happened cost ~2 us per request per step (a histogram observation), several times the
+    The scheduler drains it at each telemetry publish and exports the batch: exporting each call
+    as it happened cost ~2 us per request per step (a histogram observation), several times the
     allocation itself.
     """
 

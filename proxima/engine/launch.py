@@ -21,7 +21,12 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from proxima.engine.settings import ALLOCATOR_ENV, ALLOCATORS, ProximaConfigError
+from proxima.engine.settings import (
+    ALLOCATOR_ENV,
+    ALLOCATORS,
+    ProximaConfigError,
+    telemetry_interval_from_env,
+)
 from proxima.metrics.otel_env import ENDPOINT_ENV as OTLP_ENDPOINT_ENV
 
 logger = logging.getLogger(__name__)
@@ -47,6 +52,7 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
         raise ProximaConfigError(
             f"--proxima-allocator {allocator!r}: choose one of {', '.join(ALLOCATORS)}"
         )
+    telemetry_interval_from_env()  # the engine reads it at start-up: refuse a bad value now
     for flag in _OWNED_FLAGS:
         if _has_flag(vllm_args, flag):
             raise ProximaConfigError(f"{flag} is set by proxima serve; remove it from the command")

@@ -13,6 +13,11 @@ ALLOCATOR_ENV = "PROXIMA_ALLOCATOR"
 ALLOCATORS = ("token", "block")
 # "off" skips the per-step KV statistics and their export (for measuring their overhead).
 TELEMETRY_ENV = "PROXIMA_TELEMETRY"
+# Seconds between two refreshes of the KV gauges while the engine is busy (0: every step).
+TELEMETRY_INTERVAL_ENV = "PROXIMA_TELEMETRY_INTERVAL_S"
+# Scrapes come seconds apart and `proxima top` refreshes at 2 Hz: 20 Hz keeps every reader current
+# while a busy engine (a step every few ms) pays the collection and export on one step in several.
+DEFAULT_TELEMETRY_INTERVAL_S = 0.05
 
 
 class ProximaConfigError(ValueError):
@@ -23,6 +28,7 @@ class ProximaConfigError(ValueError):
 class ProximaSettings:
     allocator: str | None  # None: Proxima is installed but not switched on
     telemetry: bool = True
+    telemetry_interval_s: float = DEFAULT_TELEMETRY_INTERVAL_S
 
     @property
     def token_slots(self) -> bool:
@@ -36,4 +42,20 @@ class ProximaSettings:
                 f"{ALLOCATOR_ENV}={value!r} is not an allocator; use one of {', '.join(ALLOCATORS)}"
             )
         telemetry = os.environ.get(TELEMETRY_ENV, "on").strip().lower() not in ("off", "0", "false")
-        return cls(allocator=value, telemetry=telemetry)
+        return cls(allocator=value, telemetry=telemetry, telemetry_interval_s=telemetry_interval_from_env())
+
+
+def telemetry_interval_from_env() -> float:
+    raw = os.environ.get(TELEMETRY_INTERVAL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TELEMETRY_INTERVAL_S
+    try:
+        interval = float(raw)
+    except ValueError:
+        interval = -1.0
+    if not 0 <= interval <= 60:  # also refuses nan and inf
+        raise ProximaConfigError(
+            f"{TELEMETRY_INTERVAL_ENV}={raw!r} is not a number of seconds from 0 to 60; use e.g. "
+            f"{DEFAULT_TELEMETRY_INTERVAL_S} (the default), or 0 to refresh the KV gauges every step"
+        )
+    return interval

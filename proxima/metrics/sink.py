@@ -1,8 +1,9 @@
 """The interface every KV telemetry sink implements (Prometheus, OpenTelemetry, test recorders).
 
-The scheduler calls each sink once per step (`publish`, and `observe_latencies` with the step's
-time and the allocator calls made since the last step), per preemption and per finished
-request; sinks never call back into it.
+The scheduler calls each sink at each publish (`publish`, and `observe_latencies` with the
+scheduler step times and allocator calls timed since the last publish: every step when
+PROXIMA_TELEMETRY_INTERVAL_S is 0, else at most once per interval while busy and always on an
+idle step), per preemption and per finished request; sinks never call back into it.
 """
 
 from __future__ import annotations

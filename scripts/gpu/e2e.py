@@ -7,8 +7,9 @@ weights, bf16). Each engine configuration runs in its own process (plugin regist
 
 With --profile, each throughput job also reports where a step's time goes: host time per step
 in the scheduler and in the model runner, host time per eager attention call (mixed steps run
-attention outside CUDA graphs), and, from a second pass under torch.profiler, GPU kernel time
-by kind (attention, KV write, GEMM, other) against the wall time.
+attention outside CUDA graphs), from a second pass under torch.profiler GPU kernel time by kind
+(attention, KV write, GEMM, other) against the wall time, and from a third under cProfile the
+host functions that took the most time (engine core, scheduler and runner share the process).
 
 usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile]
 """
@@ -155,6 +156,21 @@ def kernel_profile(run) -> dict:
             "top_kernels": top[:15]}
 
 
+def host_profile(run, top: int = 45) -> str:
+    """The host functions one call of ``run`` spent most time in (cProfile, self time)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    run()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def child(model: str, name: str, out: Path, profile: bool = False) -> None:
     proxima, backend, kv_bytes, jobs = ENGINES[name]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -258,6 +274,7 @@ def child(model: str, name: str, out: Path, profile: bool = False) -> None:
         if profile:
             result[job]["host"] = host
             result[job]["kernels"] = kernel_profile(lambda ps=ps, sp=sp: llm.generate(ps, sp, use_tqdm=False))
+            result[job]["cprofile"] = host_profile(lambda ps=ps, sp=sp: llm.generate(ps, sp, use_tqdm=False))
     out.write_text(json.dumps(result))
 
 
@@ -338,6 +355,12 @@ def summarize_profile(j: dict) -> None:
               f"profiled wall {k['wall_ms'] / steps:.2f} ms/step")
         for ms, count, kname in k["top_kernels"][:8]:
             print(f"           {ms:9.1f} ms  x{count:<7} {kname}")
+    if "cprofile" in j:
+        print("         host self time under cProfile (third pass):")
+        lines = j["cprofile"].splitlines()
+        start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+        for line in lines[start:start + 26]:
+            print("           " + line.replace(str(Path(sys.prefix)), "")[:150])
 
 
 if __name__ == "__main__":
