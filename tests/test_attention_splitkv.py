@@ -249,3 +249,16 @@ def test_split_rule_bounds(kernels, num_programs: int, num_kv_tiles: int, num_sm
         assert splits == 1
     else:  # at most 4 waves of programs: this bounds the workspace
         assert splits == 1 or num_programs * splits <= 4 * slots
+
+
+@pytest.mark.parametrize(("tokens", "heads", "splits"), [(1, 32, 2), (3, 3, 3), (5, 1, 7), (2, 5, 9)])
+def test_workspace_partials_are_16_byte_aligned_and_disjoint(kernels, tokens, heads, splits) -> None:
+    # Triton specializes a pointer on 16-byte alignment: an odd T*Hq*S must not move the partials
+    # (that would compile another kernel variant mid-serving, which the warm-up cannot foresee).
+    acc, maxes, sums = kernels._split_workspace(tokens, heads, splits, 32, torch.device(DEVICE))
+    assert acc.shape == (tokens, heads, splits, 32)
+    assert maxes.shape == sums.shape == (tokens, heads, splits)
+    for t in (acc, maxes, sums):
+        assert t.data_ptr() % 16 == 0
+    acc.fill_(1.0), maxes.fill_(2.0), sums.fill_(3.0)
+    assert (acc == 1.0).all() and (maxes == 2.0).all() and (sums == 3.0).all()

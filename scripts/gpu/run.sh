@@ -9,8 +9,8 @@ case ${1:-} in
 kernels)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -m pytest -q -p no:cacheprovider tests/test_attention_kernels.py tests/test_attention_splitkv.py \
-    tests/test_attention_gpu_shapes.py tests/test_launcher.py \
-    -k "triton or split or launch" 2>&1 | tail -5 | tee "$out/kernel-tests.txt"
+    tests/test_attention_gpu_shapes.py tests/test_attention_gpu_graphs.py tests/test_launcher.py \
+    -k "triton or split or launch or graph or precompiled" 2>&1 | tail -5 | tee "$out/kernel-tests.txt"
   python3 scripts/gpu/bench_decode.py --json "$out/decode.json" 2>&1 | grep -v Warning | tee "$out/decode.txt"
   ;;
 mixed)

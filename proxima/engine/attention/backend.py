@@ -161,6 +161,7 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self._kv_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._variants_ready = False
 
     def _split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # A layer's cache tensor lives as long as the engine: make its K and V views once, not
@@ -210,8 +211,14 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         q = query.view(query.shape[0], self.num_heads, self.head_size)
         out = output.view(output.shape[0], self.num_heads, self.head_size)
         if q.is_cuda:
-            from proxima.engine.attention.triton_attention import slot_attention_triton
+            from proxima.engine.attention.triton_attention import (
+                precompile_attention_once,
+                slot_attention_triton,
+            )
 
+            if not self._variants_ready:  # first calls run in vLLM's warm-up, before serving
+                self._variants_ready = precompile_attention_once(
+                    q, k_cache, v_cache, m.slot_table, m.query_start_loc, m.seq_lens, out)
             slot_attention_triton(
                 q, k_cache, v_cache, m.slot_table, m.query_start_loc, m.seq_lens, self.scale, out,
                 num_actual_tokens=m.num_actual_tokens, max_query_len=m.max_query_len,

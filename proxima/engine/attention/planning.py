@@ -71,7 +71,7 @@ def choose_tiles(
 # splits) are ours: past a few waves more splits only add partials to write and merge.
 _PROGRAMS_PER_SM = 2
 _MAX_SPLIT_WAVES = 4
-_MAX_SPLITS = 64
+MAX_SPLITS = 64
 _SPLIT_EFFICIENCY_SLACK = 0.85
 # vLLM's profiling run never reaches attention, so this temporary is not in its memory budget:
 # keep it small (decode batches that split need well under 1 MiB; this bites only on odd shapes).
@@ -98,7 +98,7 @@ def choose_num_splits(num_programs: int, num_kv_tiles: int, num_sms: int | None)
     slots = _PROGRAMS_PER_SM * num_sms
     if num_programs >= slots:
         return 1
-    max_splits = min(_MAX_SPLITS, num_kv_tiles, max(1, _MAX_SPLIT_WAVES * slots // max(1, num_programs)))
+    max_splits = min(MAX_SPLITS, num_kv_tiles, max(1, _MAX_SPLIT_WAVES * slots // max(1, num_programs)))
     efficiency = []
     for splits in range(1, max_splits + 1):
         waves = num_programs * splits / slots

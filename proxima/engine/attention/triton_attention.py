@@ -42,6 +42,8 @@ of two wastes nothing). Storage must be fp16, bf16 or fp32 with unit stride alon
 
 from __future__ import annotations
 
+import logging
+import time
 from functools import cache
 
 import torch
@@ -52,7 +54,9 @@ from torch import Tensor
 from proxima.engine.attention.checks import check_attention_args, check_write_kv_args
 from proxima.engine.attention.launcher import CompiledLaunch, tensor_key
 from proxima.engine.attention.planning import (
+    MAX_SPLITS,
     SPLIT_WORKSPACE_BUDGET_BYTES,
+    TileConfig,
     choose_num_splits,
     choose_tiles,
     longest_context,
@@ -60,6 +64,9 @@ from proxima.engine.attention.planning import (
 )
 
 _LOG2_E = 1.4426950408889634
+
+# Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 
 @triton.jit
@@ -160,7 +167,8 @@ def _attend_kv_tiles(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens", "num_splits"])
+# The m/l workspace strides are Hq*S and S: not specialised on, so no split count compiles anew.
+@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens", "num_splits", "stride_ml_t", "stride_ml_h"])
 def _slot_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
     acc_ws_ptr, m_ws_ptr, l_ws_ptr,
@@ -233,7 +241,8 @@ def _slot_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens", "num_splits"])
+# The m/l workspace strides are Hq*S and S: not specialised on, so no split count compiles anew.
+@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens", "num_splits", "stride_ml_t", "stride_ml_h"])
 def _merge_splits_kernel(
     acc_ws_ptr, m_ws_ptr, l_ws_ptr, out_ptr, query_start_loc_ptr,
     num_requests, num_actual_tokens, num_splits,
@@ -320,11 +329,8 @@ def slot_attention_triton(
     group = num_query_heads // num_kv_heads
     head_size_pad = max(16, triton.next_power_of_2(head_size))
     tiles = choose_tiles(num_tokens, num_requests, group, head_size_pad, query.dtype.itemsize, max_query_len)
-    block_q = tiles.block_m // group
-    # Request r's tiles start at query_start_loc[r] // block_q + r, and every tile index is below
-    # query_start_loc[R] // block_q + R <= T // block_q + R: an upper bound from shapes alone.
-    num_tiles = num_tokens // block_q + num_requests
     # Real tiles number at most T (each holds a token): the tighter estimate for a decode batch.
+    num_tiles = _grid_tiles(num_tokens, num_requests, tiles.block_m // group)
     num_splits = choose_num_splits(min(num_tiles, num_tokens) * num_kv_heads,
                                    triton.cdiv(longest_context(slot_table, max_seq_len), tiles.block_n),
                                    num_sms(query.device))
@@ -334,6 +340,37 @@ def slot_attention_triton(
         )
     bytes_per_split = num_tokens * num_query_heads * (head_size + 2) * 4
     num_splits = min(num_splits, max(1, SPLIT_WORKSPACE_BUDGET_BYTES // bytes_per_split))
+    row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
+    for launch, grid, args, key, options in _launch_plan(
+        query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, scale, output, row_limit, tiles,
+        num_splits,
+    ):
+        launch(grid, args, key, **options)
+    return output
+
+
+def _grid_tiles(num_tokens: int, num_requests: int, block_q: int) -> int:
+    # Request r's tiles start at query_start_loc[r] // block_q + r, and every tile index is below
+    # query_start_loc[R] // block_q + R <= T // block_q + R: an upper bound from shapes alone.
+    return num_tokens // block_q + num_requests
+
+
+def _launch_plan(
+    query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
+    seq_lens: Tensor, scale: float, output: Tensor, row_limit: int, tiles: TileConfig, num_splits: int,
+) -> list[tuple[CompiledLaunch, tuple[int, int, int], tuple, tuple, dict]]:
+    """The kernel launches of one attention call: (launcher, grid, args, cache key, options) each.
+
+    One place builds them for both the launch and `compile_attention_variants`, so a warmed-up
+    variant is exactly the one a later call looks up.
+    """
+    num_tokens, num_query_heads, head_size = query.shape
+    num_kv_heads = k_cache.shape[1]
+    num_requests = query_start_loc.shape[0] - 1
+    group = num_query_heads // num_kv_heads
+    head_size_pad = max(16, triton.next_power_of_2(head_size))
+    block_q = tiles.block_m // group
+    num_tiles = _grid_tiles(num_tokens, num_requests, block_q)
     if num_splits == 1:
         # Placeholders: the unified kernel compiles every use of the workspace away.
         acc_ws, m_ws, l_ws, ws_strides = output, output, output, (0,) * 5
@@ -341,34 +378,108 @@ def slot_attention_triton(
         acc_ws, m_ws, l_ws = _split_workspace(num_tokens, num_query_heads, num_splits, head_size,
                                               query.device)
         ws_strides = (*acc_ws.stride()[:3], *m_ws.stride()[:2])
-    row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
     # Launch arguments in the kernel's parameter order, constexprs last (see launcher.py).
     tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws)
     runtime = (float(scale) * _LOG2_E, num_requests, row_limit, num_splits)  # not specialized on
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1),
                k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-               slot_table.stride(0), *ws_strides)
+               slot_table.stride(0))
     constexprs = (head_size, head_size_pad, group, block_q, tiles.block_m, tiles.block_n,
                   _dot_dtype(query.dtype),
                   # fp32 storage would otherwise be multiplied in TF32 (10-bit mantissa); 3xTF32
                   # kept fp32-level error (3e-7 vs 3e-7 for "ieee") at 2-30x the speed on the H200.
                   "tf32x3" if query.dtype.itemsize == 4 else "tf32",
                   num_splits > 1)
-    _launch_attention((num_tiles, num_kv_heads, num_splits), (*tensors, *runtime, *strides, *constexprs),
-                      (query.device.index, tensor_key(tensors), strides, constexprs, tiles),
-                      num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    # The m/l strides (last two) are not specialized on: they stay out of the key.
+    plan = [(_launch_attention, (num_tiles, num_kv_heads, num_splits),
+             (*tensors, *runtime, *strides, *ws_strides, *constexprs),
+             (query.device.index, tensor_key(tensors), strides, ws_strides[:3], constexprs, tiles),
+             {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages})]
     if num_splits > 1:
         splits_pad = triton.next_power_of_2(num_splits)
         tensors = (acc_ws, m_ws, l_ws, output, query_start_loc)
-        strides = (*ws_strides, output.stride(0), output.stride(1))
+        strides = (output.stride(0), output.stride(1))
         constexprs = (head_size, head_size_pad, splits_pad)
         # The whole [S, D] block sits in registers: 8 warps once it passes 8K floats.
         num_warps = 4 if splits_pad * head_size_pad <= 8192 else 8
-        _launch_merge((num_tokens, num_query_heads, 1),
-                      (*tensors, num_requests, row_limit, num_splits, *strides, *constexprs),
-                      (query.device.index, tensor_key(tensors), strides, constexprs, num_warps),
-                      num_warps=num_warps)
-    return output
+        plan.append((_launch_merge, (num_tokens, num_query_heads, 1),
+                     (*tensors, num_requests, row_limit, num_splits, *ws_strides, *strides, *constexprs),
+                     (query.device.index, tensor_key(tensors), ws_strides[:3], strides, constexprs, num_warps),
+                     {"num_warps": num_warps}))
+    return plan
+
+
+def compile_attention_variants(
+    query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
+    seq_lens: Tensor, output: Tensor,
+) -> int:
+    """Compile, without launching, every kernel variant later calls with these tensors may need.
+
+    Why: Triton compiles a variant at its first launch, about a second each, and vLLM's own
+    warm-up reaches only some of them (its prefill warm-up has 2-token prompts, which split;
+    a real first wave of prompts does not): measured on the H200, the first requests served by
+    `proxima serve` waited ~1 s. The variants: decode and prefill tile shapes, each unsplit and
+    split, and the merge kernel for every padded split count the slot table width allows.
+    Nothing is launched, so this is safe anywhere but inside a CUDA-graph capture (the caller
+    skips it there). Returns the number of variants looked up.
+    """
+    num_tokens, num_query_heads, head_size = query.shape
+    group = num_query_heads // k_cache.shape[1]
+    head_size_pad = max(16, triton.next_power_of_2(head_size))
+    max_splits = 1
+    count = 0
+    for max_query_len in (1, 2):  # decode-only tiles, then prefill tiles
+        tiles = choose_tiles(num_tokens, query_start_loc.shape[0] - 1, group, head_size_pad,
+                             query.dtype.itemsize, max_query_len)
+        kv_tiles = triton.cdiv(slot_table.shape[1], tiles.block_n)
+        max_splits = max(max_splits, min(MAX_SPLITS, kv_tiles))
+        for num_splits in (1, 2):  # every split count > 1 shares one main-kernel variant
+            for launch, grid, args, key, options in _launch_plan(
+                query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0, output[:1],
+                1, tiles, num_splits,
+            ):
+                launch.compile(grid, args, key, **options)
+                count += 1
+    # The merge kernel is compiled per padded split count (a constexpr).
+    splits = 4
+    while splits <= triton.next_power_of_2(max_splits):
+        tiles = choose_tiles(1, 1, group, head_size_pad, query.dtype.itemsize, 1)
+        _, (launch, grid, args, key, options) = _launch_plan(
+            query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0, output[:1],
+            1, tiles, splits,
+        )
+        launch.compile(grid, args, key, **options)
+        count += 1
+        splits *= 2
+    return count
+
+
+_precompiled_layouts: set[tuple] = set()
+
+
+def precompile_attention_once(
+    query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
+    seq_lens: Tensor, output: Tensor,
+) -> bool:
+    """`compile_attention_variants` once per tensor layout (all layers of a model share one).
+
+    Returns False, doing nothing, inside a CUDA-graph capture (the caller tries again on a later
+    call) and under the interpreter (nothing to compile); True once the variants are ready.
+    """
+    if _interpreting():
+        return True
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    layout = (query.device.index, query.dtype, tuple(query.shape[1:]), query.stride(), tuple(k_cache.shape),
+              k_cache.stride(), v_cache.stride(), slot_table.stride(), tuple(output.shape[1:]), output.stride())
+    if layout not in _precompiled_layouts:
+        start = time.perf_counter()
+        count = compile_attention_variants(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens,
+                                           output)
+        _precompiled_layouts.add(layout)
+        logger.info("Proxima: %d attention kernel variants compiled or loaded in %.1f s", count,
+                    time.perf_counter() - start)
+    return True
 
 
 def _split_workspace(
@@ -381,9 +492,13 @@ def _split_workspace(
     merge reads only partials written first.
     """
     rows = num_tokens * num_heads * num_splits
-    buffer = torch.empty(rows * (head_size + 2), dtype=torch.float32, device=device)
+    # Each partial starts 16-byte aligned whatever T * Hq * S is: Triton specializes a pointer on
+    # its alignment, and an odd row count would otherwise compile a second variant mid-serving.
+    ml_rows = -(-rows // 4) * 4
+    buffer = torch.empty(rows * head_size + 2 * ml_rows, dtype=torch.float32, device=device)
     acc = buffer[: rows * head_size].view(num_tokens, num_heads, num_splits, head_size)
-    maxes, sums = buffer[rows * head_size:].view(2, num_tokens, num_heads, num_splits).unbind(0)
+    ml = buffer[rows * head_size:].view(2, ml_rows)[:, :rows]
+    maxes, sums = (part.view(num_tokens, num_heads, num_splits) for part in ml.unbind(0))
     return acc, maxes, sums
 
 
