@@ -11,12 +11,20 @@
   half the KV heads); while a long request streams, used slots track its live tokens; after,
   used slots and requests holding slots are 0.
 
+All-reduce runs on NCCL only: on the lent H200 machines NVLink multicast is off and must stay
+unused, and vLLM 0.26 otherwise picks, for TP > 1 on Hopper, FlashInfer's allreduce+RMSNorm fusion
+with its "mnnvl" backend, which needs multicast. On 2026-11-30 both servers (stock and Proxima)
+died there, in the first GEMM of vLLM's memory profiling (CUBLAS_STATUS_INTERNAL_ERROR at
+cublasCreate, then an illegal memory access), before any attention ran. Hence the fusion pass is
+switched off, custom all-reduce is disabled, and the symmetric-memory and FlashInfer backends too.
+
 usage: python scripts/gpu/tp2.py OUT_DIR        (prints a report; exits 1 on a failed check)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import threading
@@ -34,6 +42,16 @@ SPEC = TinyModelSpec(hidden_size=1024, intermediate_size=2816, num_hidden_layers
 KV_BYTES = 1 << 30
 COMMON = ("--tensor-parallel-size", "2", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "64",
           "--kv-cache-memory-bytes", str(KV_BYTES), "--no-enable-prefix-caching", "--seed", "0")
+# NCCL only (see the module docstring). Proxima keeps its FULL graphs, which an explicit
+# --compilation-config would otherwise replace with vLLM's default.
+NO_FUSED_ALLREDUCE = '"pass_config": {"fuse_allreduce_rms": false}'
+PROXIMA_ARGS = (*COMMON, "--disable-custom-all-reduce",
+                "--compilation-config", '{"cudagraph_mode": "FULL", ' + NO_FUSED_ALLREDUCE + "}")
+STOCK_ARGS = (*COMMON, "--disable-custom-all-reduce", "--compilation-config", "{" + NO_FUSED_ALLREDUCE + "}",
+              "--block-size", "16", "--attention-backend", "TRITON_ATTN")
+ALLREDUCE_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0",
+                 "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm", "NCCL_NVLS_ENABLE": "0",
+                 "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings".split()
 
 
@@ -102,9 +120,10 @@ def main() -> int:
     model = str(build_tiny_model(Path("/tmp/tp2-model"), SPEC))
     # Proxima first: a failure of the reference server must not cost the run its main subject.
     results: dict = {}
+    os.environ.update(ALLREDUCE_ENV)  # the servers inherit this environment
     for name, variant, args, during in (
-        ("proxima", "token", COMMON, check_metrics),
-        ("stock", "stock", (*COMMON, "--block-size", "16", "--attention-backend", "TRITON_ATTN"), None),
+        ("proxima", "token", PROXIMA_ARGS, check_metrics),
+        ("stock", "stock", STOCK_ARGS, None),
     ):
         try:
             results[name] = run_server(variant, model, out, args, during=during)
