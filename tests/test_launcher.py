@@ -35,6 +35,10 @@ class FakeJit:
             return self.compiled
         return launch
 
+    def warmup(self, *args, grid, **options):
+        self.warmups = [*getattr(self, "warmups", []), (grid, args, options)]
+        return self.compiled
+
 
 @pytest.fixture(autouse=True)
 def _stream(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,3 +84,16 @@ def test_installed_launch_hook_sends_every_launch_through_triton() -> None:
     assert len(jit.launches) == 2 and not compiled.launches
     launch((1, 1, 1), (), key="k")
     assert len(compiled.launches) == 1
+
+
+def test_compile_keeps_the_kernel_without_launching_and_the_first_launch_hits_it() -> None:
+    compiled = FakeCompiled()
+    jit = FakeJit(compiled)
+    launch = launcher.CompiledLaunch(jit)
+    assert launch.compile((4, 2, 1), (1, 2, "c"), key="k", num_warps=4) is True
+    assert jit.warmups == [((4, 2, 1), (1, 2, "c"), {"num_warps": 4})]
+    assert not jit.launches and not compiled.launches  # nothing ran
+    assert launch.compile((9, 9, 9), (1, 2, "c"), key="k", num_warps=4) is False  # already kept
+    assert len(jit.warmups) == 1
+    launch((5, 2, 1), (3, 4, "c"), key="k", num_warps=4)
+    assert not jit.launches and len(compiled.launches) == 1  # straight to the compiled kernel

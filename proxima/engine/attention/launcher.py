@@ -48,15 +48,18 @@ class CompiledLaunch:
         kernel.run(grid[0], grid[1], grid[2], _current_stream(), kernel.function, kernel.packed_metadata,
                    None, None, None, *args)
 
-    def compile(self, grid: tuple[int, int, int], args: Sequence, key: Hashable, **options) -> None:
-        """Compile (or find in Triton's caches) what ``launch`` would run, launching nothing."""
+    def compile(self, grid: tuple[int, int, int], args: Sequence, key: Hashable, **options) -> bool:
+        """Compile (or find in Triton's caches) what ``launch`` would run, launching nothing.
+
+        False when the key was already kept (nothing to do), True when Triton was asked."""
         if key in self._compiled:
-            return
+            return False
         compiled = self._fn.warmup(*args, grid=grid, **options)
         if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
             compiled = compiled.result()
         if _launchable(compiled) and len(self._compiled) < _MAX_KEYS:
             self._compiled[key] = compiled
+        return True
 
 
 def _current_stream() -> int:

@@ -421,7 +421,7 @@ def compile_attention_variants(
     `proxima serve` waited ~1 s. The variants: decode and prefill tile shapes, each unsplit and
     split, and the merge kernel for every padded split count the slot table width allows.
     Nothing is launched, so this is safe anywhere but inside a CUDA-graph capture (the caller
-    skips it there). Returns the number of variants looked up.
+    skips it there). Returns the number of variants compiled or loaded from Triton's disk cache.
     """
     num_tokens, num_query_heads, head_size = query.shape
     group = num_query_heads // k_cache.shape[1]
@@ -438,8 +438,7 @@ def compile_attention_variants(
                 query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0, output[:1],
                 1, tiles, num_splits,
             ):
-                launch.compile(grid, args, key, **options)
-                count += 1
+                count += launch.compile(grid, args, key, **options)
     # The merge kernel is compiled per padded split count (a constexpr).
     splits = 4
     while splits <= triton.next_power_of_2(max_splits):
@@ -448,8 +447,7 @@ def compile_attention_variants(
             query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0, output[:1],
             1, tiles, splits,
         )
-        launch.compile(grid, args, key, **options)
-        count += 1
+        count += launch.compile(grid, args, key, **options)
         splits *= 2
     return count
 
@@ -492,14 +490,19 @@ def _split_workspace(
     merge reads only partials written first.
     """
     rows = num_tokens * num_heads * num_splits
-    # Each partial starts 16-byte aligned whatever T * Hq * S is: Triton specializes a pointer on
-    # its alignment, and an odd row count would otherwise compile a second variant mid-serving.
-    ml_rows = -(-rows // 4) * 4
-    buffer = torch.empty(rows * head_size + 2 * ml_rows, dtype=torch.float32, device=device)
+    # Each partial starts 16-byte aligned (4 floats) whatever T, Hq, S and D are: Triton
+    # specializes a pointer on its alignment, and an odd size would otherwise compile another
+    # kernel variant mid-serving, one the warm-up cannot foresee.
+    acc_floats, ml_rows = _round_up(rows * head_size, 4), _round_up(rows, 4)
+    buffer = torch.empty(acc_floats + 2 * ml_rows, dtype=torch.float32, device=device)
     acc = buffer[: rows * head_size].view(num_tokens, num_heads, num_splits, head_size)
-    ml = buffer[rows * head_size:].view(2, ml_rows)[:, :rows]
+    ml = buffer[acc_floats:].view(2, ml_rows)[:, :rows]
     maxes, sums = (part.view(num_tokens, num_heads, num_splits) for part in ml.unbind(0))
     return acc, maxes, sums
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _dot_dtype(storage: torch.dtype) -> tl.dtype:
