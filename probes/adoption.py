@@ -15,11 +15,10 @@ import asyncio
 from dataclasses import dataclass
 
 from proxima.probes.base import ProbeContext, ProbeResult, Status, pct
-from proxima.probes.extras import ServerExtras, scrape_extras
 from proxima.probes.sampling import Sampler
 
 from proxima.metrics.catalog import REFERENCE_BLOCK_SIZE
-from proxima.scrape import scrape
+from proxima.scrape import ServerSnapshot, scrape
 
 CHECK = "adoption"
 RUNBOOK = "runbooks/no-throughput-gain.md"
@@ -52,19 +51,18 @@ def estimate_block_waste(mean_prompt: float, mean_generation: float, block_size:
     return BlockWaste(block_size, live, (block_size - 1) / 2)
 
 
-def _history(ctx: ProbeContext, current: ServerExtras) -> tuple[ServerExtras, str] | None:
-    base = ctx.baseline.extras if ctx.baseline else None
-    if base is not None and base.prompt_tokens.count:
-        return base, f"{base.prompt_tokens.count:.0f} request(s) finished before the doctor ran"
-    if current.prompt_tokens.count:
-        return current, (f"{current.prompt_tokens.count:.0f} finished request(s), the doctor's own test traffic "
-                         "included (no earlier traffic): rerun under real traffic")
+def _history(ctx: ProbeContext, current: ServerSnapshot) -> tuple[ServerSnapshot, str] | None:
+    base = ctx.baseline
+    if base is not None and base.prompt_tokens_per_request.count:
+        return base, f"{base.prompt_tokens_per_request.count:.0f} request(s) finished before the doctor ran"
+    if current.prompt_tokens_per_request.count:
+        return current, (f"{current.prompt_tokens_per_request.count:.0f} finished request(s), the doctor's own "
+                         "test traffic included (no earlier traffic): rerun under real traffic")
     return None
 
 
 async def run(ctx: ProbeContext) -> ProbeResult:
     snapshot = await scrape(ctx.client, ctx.url)
-    current = await scrape_extras(ctx.client, ctx.url)
     if not snapshot.ok:
         return ProbeResult(CHECK, Status.ERROR, f"cannot read metrics: {snapshot.error}", runbook=RUNBOOK)
     kv = snapshot.proxima
@@ -89,11 +87,12 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     block_size = REFERENCE_BLOCK_SIZE if kv is not None and kv.allocator == "token" else \
         (kv.granularity if kv is not None else snapshot.block_size) or REFERENCE_BLOCK_SIZE
     evidence["block_size_compared"] = block_size
-    history = _history(ctx, current)
+    history = _history(ctx, snapshot)
     estimate = None
     if history is not None:
-        extras, source = history
-        mean_prompt, mean_gen = extras.prompt_tokens.mean or 0.0, extras.generation_tokens.mean or 0.0
+        traffic, source = history
+        mean_prompt = traffic.prompt_tokens_per_request.mean or 0.0
+        mean_gen = traffic.generation_tokens_per_request.mean or 0.0
         estimate = estimate_block_waste(mean_prompt, mean_gen, block_size)
         evidence.update({
             "traffic_source": source,
@@ -111,8 +110,9 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     evidence["basis"] = "measured on live requests" if measured is not None else "estimated from histograms"
     evidence["capacity_ratio_token_vs_block"] = round(ratio, 3) if ratio else None
 
-    base = ctx.baseline.extras if ctx.baseline else current
-    hit_rate = base.prefix_cache_hits / base.prefix_cache_queries if base.prefix_cache_queries else None
+    base = ctx.baseline or snapshot
+    hit_rate = (base.prefix_cache_hits_total / base.prefix_cache_queries_total
+                if base.prefix_cache_queries_total else None)
     evidence["prefix_cache_hit_rate"] = round(hit_rate, 4) if hit_rate is not None else "N/A (no queries)"
 
     ratio_text = f"x{ratio:.2f}" if ratio else "unbounded"

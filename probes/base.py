@@ -2,8 +2,8 @@
 
 Layer: probes (between the scrape/GPU collectors and the `doctor` command, which only renders).
 A probe is a module with `async def run(ctx: ProbeContext) -> ProbeResult`. Invariants:
-  - server metrics come only from `proxima.scrape` snapshots (and `probes.extras` for the few
-    fields a snapshot does not carry yet); GPU readings only from `proxima.gpu.read_gpus()`;
+  - server metrics come only from `proxima.scrape` snapshots; GPU readings only from
+    `proxima.gpu.read_gpus()`;
   - traffic goes only to `ctx.url` and `ctx.compare_url`, through `ctx.load`, and every load a
     probe starts is cancelled before `run` returns;
   - a server's condition is a verdict, never an exception: `run` raises only on a bug, and the
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import httpx
 
 if TYPE_CHECKING:
-    from proxima.probes.extras import ServerExtras
     from proxima.probes.load import LoadDriver
 
     from proxima.scrape import ServerSnapshot
@@ -70,21 +69,14 @@ class DoctorOptions:
     max_num_seqs: int | None = None  # not in /metrics: vLLM does not export its scheduler config
 
 
-@dataclass(frozen=True, slots=True)
-class Baseline:
-    """The server as the doctor found it, before any probe sent traffic: the user's own history."""
-
-    snapshot: ServerSnapshot
-    extras: ServerExtras
-
-
 @dataclass(slots=True)
 class ProbeContext:
     url: str
     client: httpx.AsyncClient
     options: DoctorOptions
     load: LoadDriver
-    baseline: Baseline | None = None
+    # The server as the doctor found it, before any probe sent traffic: the user's own history.
+    baseline: ServerSnapshot | None = None
     model: str | None = None
     max_model_len: int | None = None
     server_error: str | None = None  # set when the server could not be reached at all

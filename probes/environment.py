@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 from proxima.probes.base import ProbeContext, ProbeResult, Status
-from proxima.probes.extras import scrape_extras
 
 from proxima.gpu import read_gpus
 from proxima.scrape import scrape
@@ -79,7 +78,6 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     versions = local_versions()
     gpus = read_gpus()
     snapshot = await scrape(ctx.client, ctx.url)
-    extras = await scrape_extras(ctx.client, ctx.url)
     served_vllm = await server_version(ctx.client, ctx.url)
     if not snapshot.ok:
         return ProbeResult(CHECK, Status.ERROR, f"cannot read {ctx.url}/metrics: {snapshot.error}",
@@ -100,7 +98,7 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     kv = snapshot.proxima
     evidence["proxima_plugin"] = "loaded" if kv else "not loaded (no proxima_allocator_info)"
     evidence["allocator"] = kv.allocator if kv else "stock vLLM blocks"
-    for key, value in sorted(extras.cache_config.items()):
+    for key, value in sorted(snapshot.cache_config.items()):
         evidence[f"cache.{key}"] = value
 
     fails: list[str] = []
@@ -125,11 +123,11 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         warns.append("Proxima plugin not loaded: this is stock vLLM")
         advice.append("serve with `proxima serve MODEL ...` to use token slots (or ignore: stock on purpose)")
     elif kv.allocator == "token":
-        block_size = extras.config_int("block_size")
+        block_size = snapshot.config_int("block_size")
         if block_size not in (None, 1):
             fails.append(f"token allocator with block_size={block_size}; it needs --block-size 1")
             advice.append("start through `proxima serve`, which sets --block-size 1; do not pass --block-size")
-        if extras.cache_config.get("enable_prefix_caching") == "True":
+        if snapshot.cache_config.get("enable_prefix_caching") == "True":
             fails.append("token allocator with prefix caching on; Proxima's slots do not serve it")
             advice.append("remove --enable-prefix-caching (proxima serve turns it off)")
 

@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 
 from proxima.probes.base import ProbeContext, ProbeResult, Status, fmt_bytes, pct
-from proxima.probes.extras import ServerExtras, scrape_extras
 from proxima.probes.sampling import Sampler
 
 from proxima.gpu import read_gpus
@@ -79,10 +78,10 @@ class RampStep:
         return " ".join(parts)
 
 
-def kv_capacity_tokens(snapshot: ServerSnapshot, extras: ServerExtras) -> int | None:
+def kv_capacity_tokens(snapshot: ServerSnapshot) -> int | None:
     if snapshot.proxima is not None and snapshot.proxima.slots_total:
         return int(snapshot.proxima.slots_total)
-    tokens = extras.config_int("kv_cache_size_tokens")
+    tokens = snapshot.config_int("kv_cache_size_tokens")
     if tokens:
         return tokens
     if snapshot.num_gpu_blocks and snapshot.block_size:
@@ -90,16 +89,16 @@ def kv_capacity_tokens(snapshot: ServerSnapshot, extras: ServerExtras) -> int | 
     return None
 
 
-def kv_bytes_per_token(snapshot: ServerSnapshot, extras: ServerExtras) -> float | None:
+def kv_bytes_per_token(snapshot: ServerSnapshot) -> float | None:
     if snapshot.proxima is not None and snapshot.proxima.bytes_per_token:
         return snapshot.proxima.bytes_per_token
-    size, tokens = extras.config_float("kv_cache_memory_bytes"), extras.config_float("kv_cache_size_tokens")
+    size, tokens = snapshot.config_float("kv_cache_memory_bytes"), snapshot.config_float("kv_cache_size_tokens")
     return size / tokens if size and tokens else None
 
 
-def observed_request(extras: ServerExtras) -> tuple[float, float] | None:
-    """Mean (prompt, generation) tokens of the requests the server finished, if any."""
-    prompt, gen = extras.prompt_tokens.mean, extras.generation_tokens.mean
+def observed_request(history: ServerSnapshot) -> tuple[float, float] | None:
+    """Mean (prompt, generation) tokens of the requests the server had finished, if any."""
+    prompt, gen = history.prompt_tokens_per_request.mean, history.generation_tokens_per_request.mean
     if prompt is None or gen is None:
         return None
     return prompt, gen
@@ -146,11 +145,11 @@ async def ramp(ctx: ProbeContext, prompt_words: int, max_tokens: int, budget_s: 
 
 async def run(ctx: ProbeContext) -> ProbeResult:
     snapshot = await scrape(ctx.client, ctx.url)
-    extras = ctx.baseline.extras if ctx.baseline else await scrape_extras(ctx.client, ctx.url)
     if not snapshot.ok:
         return ProbeResult(CHECK, Status.ERROR, f"cannot read metrics: {snapshot.error}", runbook=RUNBOOK)
+    history = ctx.baseline or snapshot  # before the doctor's own traffic, where there is one
 
-    observed = observed_request(extras)
+    observed = observed_request(history)
     opts = ctx.options
     gpus = read_gpus()
     assumed = None if opts.max_num_seqs else assumed_max_num_seqs(ctx.server_pid is not None, gpus)
@@ -166,15 +165,16 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         prompt_words, gen = RAMP_PROMPT_WORDS, RAMP_MAX_TOKENS
     steps = await ramp(ctx, prompt_words, gen, budget_s=max(20.0, min(60.0, 4 * ctx.window_s)))
     snapshot = await scrape(ctx.client, ctx.url)  # the Proxima gauges exist once a step has run
-    capacity = kv_capacity_tokens(snapshot, extras)
-    per_token = kv_bytes_per_token(snapshot, extras)
+    capacity = kv_capacity_tokens(snapshot)
+    per_token = kv_bytes_per_token(snapshot)
     ramp_tokens = next((s.mean_request_tokens for s in steps if s.mean_request_tokens), None)
 
     if opts.typical_tokens:
         typical, source = float(opts.typical_tokens), "--typical-tokens"
     elif observed:
         typical = observed[0] + observed[1]
-        source = f"mean of the {extras.prompt_tokens.count:.0f} request(s) the server finished before the doctor"
+        source = (f"mean of the {history.prompt_tokens_per_request.count:.0f} request(s) the server "
+                  "finished before the doctor")
     elif ramp_tokens:
         typical, source = ramp_tokens, "the doctor's ramp requests (no earlier traffic to learn from)"
     else:
@@ -188,7 +188,7 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         "typical_request_tokens": round(typical, 1) if typical else None,
         "typical_request_source": source,
         "max_num_seqs": _describe_max_num_seqs(opts.max_num_seqs, assumed),
-        "preemptions_before_doctor": preemptions(ctx.baseline.snapshot) if ctx.baseline else None,
+        "preemptions_before_doctor": preemptions(ctx.baseline) if ctx.baseline else None,
     }
     fits = capacity / typical if capacity and typical else None
     evidence["typical_requests_kv_holds"] = math.floor(fits) if fits is not None else None
@@ -234,7 +234,7 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         warns.append(f"only {pct(headroom)} GPU memory free outside the KV cache (activation spikes can OOM)")
 
     advice = _advice(capacity, typical, per_token, max_num_seqs, pressured, ctx.max_model_len,
-                     extras, headroom, _uses_token_slots(snapshot)) if fails or warns else ()
+                     snapshot, headroom, _uses_token_slots(snapshot)) if fails or warns else ()
     if fails:
         return ProbeResult(CHECK, Status.FAIL, "; ".join(fails + warns), evidence, RUNBOOK, advice)
     if warns:
@@ -269,7 +269,7 @@ def _describe_max_num_seqs(given: int | None, assumed: int | None) -> int | str:
 
 
 def _advice(capacity: int | None, typical: float | None, per_token: float | None, max_num_seqs: int | None,
-            pressured: RampStep | None, max_model_len: int | None, extras: ServerExtras,
+            pressured: RampStep | None, max_model_len: int | None, snapshot: ServerSnapshot,
             headroom: float | None, token_slots: bool) -> tuple[str, ...]:
     advice: list[str] = []
     if capacity and typical:
@@ -279,9 +279,9 @@ def _advice(capacity: int | None, typical: float | None, per_token: float | None
         target = max_num_seqs or (2 * pressured.concurrency if pressured else None)
         if target and per_token:
             need = target * typical * per_token
-            kv_now = extras.config_float("kv_cache_memory_bytes")
+            kv_now = snapshot.config_float("kv_cache_memory_bytes")
             now_text = f" (now {fmt_bytes(kv_now)})" if kv_now else ""
-            util = extras.cache_config.get("gpu_memory_utilization")
+            util = snapshot.cache_config.get("gpu_memory_utilization")
             advice.append(f"or --kv-cache-memory-bytes up to {int(need)} ({fmt_bytes(need)}){now_text} for "
                           f"{target} concurrent requests, or --gpu-memory-utilization up"
                           + (f" from {util}" if util else ""))

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
-from proxima.probes.base import Baseline, DoctorOptions, ProbeContext, ProbeResult, Status
-from proxima.probes.extras import scrape_extras
+from proxima.probes.base import DoctorOptions, ProbeContext, ProbeResult, Status
 from proxima.probes.load import LoadDriver
 from proxima.scrape import describe_http_error
 from proxima.probes.process import find_server_pid
@@ -117,7 +116,7 @@ async def open_context(client: httpx.AsyncClient, url: str, options: DoctorOptio
                        load=LoadDriver(client, url, model), model=model, max_model_len=max_model_len,
                        server_error=error)
     if error is None:
-        ctx.baseline = Baseline(await scrape(client, ctx.url), await scrape_extras(client, ctx.url))
+        ctx.baseline = await scrape(client, ctx.url)
         ctx.server_pid = find_server_pid(ctx.url)
     return ctx
 

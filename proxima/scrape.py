@@ -22,6 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxima.metrics import catalog as c
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+_CONFIG_NOISE = {"engine", "None", ""}
+# vllm:cache_config_info labels of features Proxima's users do not tune (hybrid models, bookkeeping).
+_CONFIG_HIDDEN_PREFIXES = ("_", "mamba_", "user_specified_")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +116,30 @@ class ServerSnapshot:
     itl: HistogramSnapshot = HistogramSnapshot()
     e2e: HistogramSnapshot = HistogramSnapshot()
     queue_time: HistogramSnapshot = HistogramSnapshot()
+    # Token counts per finished request: what a typical request of this server's traffic holds.
+    prompt_tokens_per_request: HistogramSnapshot = HistogramSnapshot()
+    generation_tokens_per_request: HistogramSnapshot = HistogramSnapshot()
+    prefix_cache_queries_total: float = 0.0
+    prefix_cache_hits_total: float = 0.0
+    # The API server's own RSS (absent under PROMETHEUS_MULTIPROC_DIR, i.e. under `proxima serve`).
+    process_rss_bytes: float | None = None
+    # Labels of vllm:cache_config_info (block_size, kv_cache_size_tokens, ...), bookkeeping left out.
+    cache_config: dict[str, str] = field(default_factory=dict)
     proxima: KVSnapshot | None = None
 
     @property
     def is_proxima(self) -> bool:
         return self.proxima is not None
+
+    def config_int(self, key: str) -> int | None:
+        value = self.config_float(key)
+        return int(value) if value is not None else None
+
+    def config_float(self, key: str) -> float | None:
+        try:
+            return float(self.cache_config[key])
+        except (KeyError, ValueError):
+            return None
 
 
 def rate(newer: ServerSnapshot, older: ServerSnapshot | None, attr: str) -> float | None:
@@ -199,6 +221,14 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
         itl=s.histogram(v.ITL, engine),
         e2e=s.histogram(v.E2E, engine),
         queue_time=s.histogram(v.QUEUE_TIME, engine),
+        prompt_tokens_per_request=s.histogram(v.REQUEST_PROMPT_TOKENS, engine),
+        generation_tokens_per_request=s.histogram(v.REQUEST_GENERATION_TOKENS, engine),
+        prefix_cache_queries_total=num(v.PREFIX_CACHE_QUERIES),
+        prefix_cache_hits_total=num(v.PREFIX_CACHE_HITS),
+        process_rss_bytes=s.total(v.PROCESS_RESIDENT_MEMORY),
+        cache_config={k: val for k, val in (info[0] if info else {}).items()
+                      if k not in _CONFIG_NOISE and not k.startswith(_CONFIG_HIDDEN_PREFIXES)
+                      and val not in _CONFIG_NOISE},
         proxima=_parse_proxima(s, engine),
     )
 

@@ -11,10 +11,10 @@ from proxima.probes.adoption import estimate_block_waste
 from proxima.probes.base import ProbeResult, Status
 from proxima.probes.determinism import compare_runs, first_divergence
 from proxima.probes.environment import local_versions
-from proxima.probes.extras import parse_extras
 from proxima.probes.load import Completion, make_prompt
 from proxima.probes.oom_risk import RampStep
 from proxima.probes.sampling import linear_trend
+from proxima.scrape import parse_metrics
 from rich.console import Console
 
 from proxima.cli.doctor import render
@@ -108,7 +108,8 @@ def test_ramp_step_pressure_rules():
     assert not step(peak_waiting=3.0, peak_kv_usage=0.2).pressured  # queueing for the token budget
 
 
-def test_parse_extras_reads_cache_config_and_request_histograms():
+def test_snapshot_reads_cache_config_and_request_histograms():
+    # What the doctor reads beside the live gauges: its view of the config and of past traffic.
     text = """\
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="4096",\
@@ -123,14 +124,16 @@ vllm:prefix_cache_queries_total{engine="0"} 100.0
 # TYPE vllm:prefix_cache_hits counter
 vllm:prefix_cache_hits_total{engine="0"} 25.0
 """
-    extras = parse_extras(text)
-    assert extras.cache_config == {"block_size": "16", "kv_cache_size_tokens": "4096",
+    snap = parse_metrics(text)
+    assert snap.cache_config == {"block_size": "16", "kv_cache_size_tokens": "4096",
                                    "enable_prefix_caching": "True"}
-    assert extras.config_int("kv_cache_size_tokens") == 4096
-    assert extras.prompt_tokens.mean == 40.0
-    assert extras.generation_tokens.count == 0
-    assert extras.prefix_cache_hits / extras.prefix_cache_queries == 0.25
-    assert extras.process_rss_bytes is None
+    assert snap.config_int("kv_cache_size_tokens") == 4096
+    assert snap.prompt_tokens_per_request.mean == 40.0
+    assert snap.generation_tokens_per_request.count == 0
+    assert snap.prefix_cache_hits_total / snap.prefix_cache_queries_total == 0.25
+    assert snap.process_rss_bytes is None
+    assert snap.block_size == 16 and snap.config_float("block_size") == 16.0
+    assert snap.config_int("num_cpu_blocks") is None  # "None" is left out as noise
 
 
 def test_local_versions_find_vllm_under_either_distribution_name():
