@@ -34,6 +34,8 @@ def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
 def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_tokens: int, seed: int) -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["PROXIMA_ALLOCATOR"] = allocator
+    # Every figure below is per scheduler step: publish the KV telemetry on every step.
+    os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = "0"
     import numpy as np
     from vllm import LLM, SamplingParams, TokensPrompt
 

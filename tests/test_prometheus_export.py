@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram
 
 from proxima.metrics import catalog as c
-from proxima.metrics.prometheus import observe_many
+from proxima.metrics.prometheus import BatchObserver
 
 BOUNDS = list(c.ALLOCATOR_LATENCY.buckets)
 # Values on, just below and just above every bucket bound, plus anything in range.
@@ -25,12 +25,12 @@ def _histogram_samples(fill) -> dict:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(VALUES, max_size=300))
-def test_observe_many_equals_one_observe_per_value(values: list[float]) -> None:
+def test_batch_observe_equals_one_observe_per_value(values: list[float]) -> None:
     def one_by_one(h):
         for v in values:
             h.observe(v)
 
-    batched = _histogram_samples(lambda h: observe_many(h, values))
+    batched = _histogram_samples(lambda h: BatchObserver(h).observe(values))
     expected = _histogram_samples(one_by_one)
     assert batched.keys() == expected.keys()
     for key, value in expected.items():

@@ -96,12 +96,12 @@ class ProximaScheduler(Scheduler):
         cache_bytes = sum(t.size for t in kv_cache_config.kv_cache_tensors)
         for sink in self.kv_sinks:
             sink.set_static(settings.allocator, self._granularity, bytes_per_token, cache_bytes)
-        self._op_timings: OpTimings | None = None
+        # Step times, and with token slots the manager's allocate/free times, until the next publish.
+        self._timings = OpTimings()
         if isinstance(self.kv_cache_manager, SlotKVCacheManager) and settings.telemetry:
-            self._op_timings = self.kv_cache_manager.timings = OpTimings()
+            self.kv_cache_manager.timings = self._timings
         self._slow_stats_at = 0.0
         self._published_at = float("-inf")
-        self._step_seconds: list[float] = []
         self._occupancy: tuple[float, ...] = ()
         self._largest_free_run = 0
         self._stock_cached_slots = 0
@@ -118,7 +118,7 @@ class ProximaScheduler(Scheduler):
         if not self.telemetry_on:
             return output
         end = time.perf_counter()
-        self._step_seconds.append(end - start)
+        self._timings.step.append(end - start)
         # Collecting and exporting costs ~100 us a step at ~50 running requests, a few percent of
         # a GPU step when the host is the bottleneck. While busy, refresh at most once per
         # interval; an idle step (the last before the engine sleeps) always publishes, so what a
@@ -132,14 +132,10 @@ class ProximaScheduler(Scheduler):
     def publish_kv_telemetry(self) -> None:
         """Collect the KV state now and hand it, with every latency timed since, to the sinks."""
         self.last_kv_stats = self._collect_stats()
-        steps, self._step_seconds = self._step_seconds, []
-        # The slot manager's calls since the last publish: allocations, and frees of requests
-        # that finished in between.
-        allocate, free = self._op_timings.drain() if self._op_timings is not None else ((), ())
+        timings = self._timings.drain()
         for sink in self.kv_sinks:
-            sink.observe_latencies("step", steps)
-            sink.observe_latencies("allocate", allocate)
-            sink.observe_latencies("free", free)
+            for op, seconds in timings.items():
+                sink.observe_latencies(op, seconds)
             sink.publish(self.last_kv_stats)
 
     def _preempt_request(self, request, timestamp: float) -> None:

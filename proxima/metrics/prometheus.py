@@ -34,9 +34,9 @@ class BatchObserver:
     """``histogram.observe(v)`` for every value of a batch, in one pass when there are many.
 
     prometheus_client has no batch observe, and one call costs ~1-2 us (in multiprocess mode, a
-    write to a shared file per call). A decode step allocates for every running request, so the
-    step's allocator timings arrive together: bucket them with numpy and add each bucket's count
-    once. This reads the histogram child's own fields (``_upper_bounds``, ``_buckets``, ``_sum``,
+    write to a shared file per call). Every decode step allocates for every running request, and
+    the scheduler hands over all the timings since its last publish at once: bucket them with
+    numpy and add each bucket's count once. This reads the histogram child's own fields (``_upper_bounds``, ``_buckets``, ``_sum``,
     prometheus-client 0.26), looked up once here, not per step; tests/test_prometheus_export.py
     checks the result against observe() value by value, and a client without those fields gets
     the plain loop.
@@ -61,11 +61,6 @@ class BatchObserver:
             h._buckets[bucket].inc(int(counts[bucket]))
 
 
-def observe_many(histogram, values: Sequence[float]) -> None:
-    """One-off form of `BatchObserver` (the exporter keeps one per histogram child)."""
-    BatchObserver(histogram).observe(values)
-
-
 class PrometheusKVExporter:
     def __init__(self, registry: CollectorRegistry, engine: str = "0") -> None:
         self.engine = engine
@@ -80,7 +75,7 @@ class PrometheusKVExporter:
             self._m[c.OCCUPANCY_MAP.name].labels(engine=engine, segment=str(i))
             for i in range(c.OCCUPANCY_SEGMENTS)
         ]
-        # Labelled children resolved once: publish runs every scheduler step.
+        # Labelled children resolved once: publish runs up to once per scheduler step.
         self._gauges = {spec.name: self._m[spec.name].labels(engine=engine) for spec in c.ENGINE_METRICS
                         if spec.kind is c.Kind.GAUGE and spec.labels == ("engine",)}
         self._occupancy_shown: tuple[float, ...] | None = None

@@ -64,7 +64,8 @@ def build_seeded_model(path: Path) -> None:
 
 
 class Recorder:
-    """A telemetry sink that keeps every per-step KV publication of the scheduler."""
+    """A telemetry sink that keeps every KV publication of the scheduler (at most one per
+    PROXIMA_TELEMETRY_INTERVAL_S while busy: a time sample, not every step)."""
 
     def __init__(self) -> None:
         self.steps: list[tuple[int, int, int]] = []
@@ -334,7 +335,7 @@ def summarize_throughput(res: dict) -> None:
                 j = r[job]
                 extra = ""
                 if j.get("recorded_steps"):
-                    extra = (f"  [telemetry: {j['recorded_steps']} steps, requests mean {j['requests_mean']:.1f} "
+                    extra = (f"  [telemetry: {j['recorded_steps']} publishes, requests mean {j['requests_mean']:.1f} "
                              f"peak {j['requests_peak']}, slot efficiency {j['slot_efficiency']:.3f}]")
                 print(f"{job:>6} {name:<16} tok/s {j['output_tok_s']:>9.0f}  running mean {j['running_mean']:>6.1f} "
                       f"peak {j['running_peak']:>4}  preemptions {j['preemptions']:>5}  wall {j['wall_s']:.1f}s "
