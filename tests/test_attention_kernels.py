@@ -362,6 +362,11 @@ def test_triton_launchers_reject_bad_arguments(triton_attention) -> None:
     for args in _bad_write_args().values():
         with pytest.raises(ValueError, match="write_kv"):
             triton_attention.write_kv_triton(*args)
+    key = torch.randn(3, 2, 64, device=DEVICE)[..., ::2]  # D values two apart
+    cache = torch.zeros(8, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="write_kv_triton: key must have unit stride along D"):
+        triton_attention.write_kv_triton(key, key.contiguous(), cache, cache.clone(),
+                                         torch.arange(3, device=DEVICE))
 
 
 def test_triton_relaunch_with_new_data_matches_torch(triton_attention) -> None:

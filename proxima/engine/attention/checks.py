@@ -23,6 +23,13 @@ def _one_device(who: str, tensors: tuple[Tensor, ...]) -> None:
         )
 
 
+def check_unit_stride(who: str, named: tuple[tuple[str, Tensor], ...]) -> None:
+    """The Triton kernels read each head's D values as one contiguous run."""
+    for name, t in named:
+        if t.stride(-1) != 1:
+            raise ValueError(f"{who}: {name} must have unit stride along D, got strides {t.stride()}")
+
+
 def check_write_kv_args(
     key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
 ) -> None:

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from proxima.engine.attention.checks import check_attention_args, check_write_kv_args
+from proxima.engine.attention.checks import check_attention_args, check_unit_stride, check_write_kv_args
 from proxima.engine.attention.launcher import CompiledLaunch, tensor_key
 from proxima.engine.attention.planning import (
     MAX_SPLITS,
@@ -99,9 +99,7 @@ def write_kv_triton(
     """Triton ``write_kv``: skips negative slots in-kernel (no host sync). Slots must be distinct
     and in range; out-of-range slots are not checked (that would sync)."""
     check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
-    for name, t in (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(2) != 1:
-            raise ValueError(f"write_kv_triton: {name} must have unit stride along D, got strides {t.stride()}")
+    check_unit_stride("write_kv_triton", (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)))
     if not slot_mapping.is_contiguous():
         raise ValueError("write_kv_triton: slot_mapping must be contiguous")
     _check_backend(key, "write_kv_triton")
@@ -308,11 +306,8 @@ def slot_attention_triton(
     """
     check_attention_args(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output,
                          num_actual_tokens)
-    for name, t in (("query", query), ("output", output), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(2) != 1:
-            raise ValueError(
-                f"slot_attention_triton: {name} must have unit stride along D, got strides {t.stride()}"
-            )
+    check_unit_stride("slot_attention_triton",
+                      (("query", query), ("output", output), ("k_cache", k_cache), ("v_cache", v_cache)))
     if slot_table.stride(1) != 1:
         raise ValueError(
             f"slot_attention_triton: slot_table rows must be contiguous, got strides {slot_table.stride()}"
