@@ -27,7 +27,7 @@ class FakeJit:
     """``fn[grid](*args, **options)`` like a @triton.jit function, returning its compiled kernel."""
 
     def __init__(self, compiled) -> None:
-        self.compiled, self.launches = compiled, []
+        self.compiled, self.launches, self.warmups = compiled, [], []
 
     def __getitem__(self, grid):
         def launch(*args, **options):
@@ -36,7 +36,7 @@ class FakeJit:
         return launch
 
     def warmup(self, *args, grid, **options):
-        self.warmups = [*getattr(self, "warmups", []), (grid, args, options)]
+        self.warmups.append((grid, args, options))
         return self.compiled
 
 
@@ -45,10 +45,15 @@ def _stream(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launcher, "_current_stream", lambda: 7)
 
 
-def test_second_launch_of_a_key_uses_the_compiled_kernel() -> None:
+def _launcher() -> tuple[FakeCompiled, FakeJit, launcher.CompiledLaunch]:
+    """A CompiledLaunch over a stand-in Triton function whose compiled kernel records its runs."""
     compiled = FakeCompiled()
     jit = FakeJit(compiled)
-    launch = launcher.CompiledLaunch(jit)
+    return compiled, jit, launcher.CompiledLaunch(jit)
+
+
+def test_second_launch_of_a_key_uses_the_compiled_kernel() -> None:
+    compiled, jit, launch = _launcher()
     launch((4, 2, 1), (1, 2, "c"), key="k", num_warps=4)
     assert len(jit.launches) == 1 and not compiled.launches
     launch((5, 2, 1), (3, 4, "c"), key="k", num_warps=4)
@@ -69,9 +74,7 @@ def test_interpreter_result_is_not_kept() -> None:
 
 
 def test_installed_launch_hook_sends_every_launch_through_triton() -> None:
-    compiled = FakeCompiled()
-    jit = FakeJit(compiled)
-    launch = launcher.CompiledLaunch(jit)
+    compiled, jit, launch = _launcher()
     launch((1, 1, 1), (), key="k")
 
     def hook(metadata) -> None: ...
@@ -87,9 +90,7 @@ def test_installed_launch_hook_sends_every_launch_through_triton() -> None:
 
 
 def test_compile_keeps_the_kernel_without_launching_and_the_first_launch_hits_it() -> None:
-    compiled = FakeCompiled()
-    jit = FakeJit(compiled)
-    launch = launcher.CompiledLaunch(jit)
+    compiled, jit, launch = _launcher()
     assert launch.compile((4, 2, 1), (1, 2, "c"), key="k", num_warps=4) is True
     assert jit.warmups == [((4, 2, 1), (1, 2, "c"), {"num_warps": 4})]
     assert not jit.launches and not compiled.launches  # nothing ran
