@@ -41,9 +41,9 @@ class OpTimings:
     """Seconds each timed operation took since the last `drain`: the slot manager's allocate and
     free calls, and the scheduler's steps.
 
-    The scheduler drains it at each telemetry publish and exports the batch: exporting each call
-    as it happened cost ~2 us per request per step (a histogram observation), several times the
-    allocation itself.
+    The scheduler drains it at each telemetry publish and exports the batch: one histogram
+    observation per call cost 0.65 us, more than `allocate(1)` itself (0.41 us), against 0.09 us
+    per value batched (scripts/bench_host_path.py).
     """
 
     __slots__ = ("allocate", "free", "step")
