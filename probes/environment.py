@@ -123,7 +123,7 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         warns.append("Proxima plugin not loaded: this is stock vLLM")
         advice.append("serve with `proxima serve MODEL ...` to use token slots (or ignore: stock on purpose)")
     elif kv.allocator == "token":
-        block_size = snapshot.config_int("block_size")
+        block_size = snapshot.block_size
         if block_size not in (None, 1):
             fails.append(f"token allocator with block_size={block_size}; it needs --block-size 1")
             advice.append("start through `proxima serve`, which sets --block-size 1; do not pass --block-size")

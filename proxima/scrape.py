@@ -132,14 +132,10 @@ class ServerSnapshot:
         return self.proxima is not None
 
     def config_int(self, key: str) -> int | None:
-        value = self.config_float(key)
-        return int(value) if value is not None else None
+        return _as_int(self.cache_config.get(key))
 
     def config_float(self, key: str) -> float | None:
-        try:
-            return float(self.cache_config[key])
-        except (KeyError, ValueError):
-            return None
+        return _as_float(self.cache_config.get(key))
 
 
 def rate(newer: ServerSnapshot, older: ServerSnapshot | None, attr: str) -> float | None:
@@ -199,6 +195,7 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
     def num(name: str) -> float:
         return s.total(name, engine) or 0.0
 
+    config = _cache_config(info)
     kv_usage_values = [x.value for x in s.by_name.get(v.KV_USAGE, ())
                        if engine is None or x.labels.get("engine") == engine]
     return ServerSnapshot(
@@ -215,8 +212,8 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
         generation_tokens_total=num(v.GENERATION_TOKENS),
         requests_finished_total=num(v.REQUEST_SUCCESS),
         requests_failed_total=s.total(v.REQUEST_SUCCESS, engine, finished_reason="error"),
-        block_size=_int_label(info, "block_size"),
-        num_gpu_blocks=_int_label(info, "num_gpu_blocks"),
+        block_size=_as_int(config.get("block_size")),
+        num_gpu_blocks=_as_int(config.get("num_gpu_blocks")),
         ttft=s.histogram(v.TTFT, engine),
         itl=s.histogram(v.ITL, engine),
         e2e=s.histogram(v.E2E, engine),
@@ -226,9 +223,7 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
         prefix_cache_queries_total=num(v.PREFIX_CACHE_QUERIES),
         prefix_cache_hits_total=num(v.PREFIX_CACHE_HITS),
         process_rss_bytes=s.total(v.PROCESS_RESIDENT_MEMORY),
-        cache_config={k: val for k, val in (info[0] if info else {}).items()
-                      if k not in _CONFIG_NOISE and not k.startswith(_CONFIG_HIDDEN_PREFIXES)
-                      and val not in _CONFIG_NOISE},
+        cache_config=config,
         proxima=_parse_proxima(s, engine),
     )
 
@@ -275,15 +270,22 @@ def _parse_proxima(s: _Samples, engine: str | None) -> KVSnapshot | None:
     )
 
 
-def _int_label(rows: list[dict[str, str]], key: str) -> int | None:
-    for row in rows:
-        value = row.get(key)
-        if value not in (None, "", "None"):
-            try:
-                return int(float(value))
-            except ValueError:
-                return None
-    return None
+def _cache_config(rows: list[dict[str, str]]) -> dict[str, str]:
+    """vllm:cache_config_info's labels (every engine has the same), unset and bookkeeping ones left out."""
+    return {k: value for k, value in (rows[0] if rows else {}).items()
+            if k not in _CONFIG_NOISE and not k.startswith(_CONFIG_HIDDEN_PREFIXES) and value not in _CONFIG_NOISE}
+
+
+def _as_float(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _as_int(value: str | None) -> int | None:
+    number = _as_float(value)
+    return int(number) if number is not None and math.isfinite(number) else None
 
 
 async def scrape(client: httpx.AsyncClient, url: str, timeout: float = 5.0,
