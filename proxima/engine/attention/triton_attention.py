@@ -489,16 +489,13 @@ def _split_workspace(
     # Each partial starts 16-byte aligned (4 floats) whatever T, Hq, S and D are: Triton
     # specializes a pointer on its alignment, and an odd size would otherwise compile another
     # kernel variant mid-serving, one the warm-up cannot foresee.
-    acc_floats, ml_rows = _round_up(rows * head_size, 4), _round_up(rows, 4)
+    acc_floats, ml_rows = triton.cdiv(rows * head_size, 4) * 4, triton.cdiv(rows, 4) * 4
     buffer = torch.empty(acc_floats + 2 * ml_rows, dtype=torch.float32, device=device)
     acc = buffer[: rows * head_size].view(num_tokens, num_heads, num_splits, head_size)
     ml = buffer[acc_floats:].view(2, ml_rows)[:, :rows]
     maxes, sums = (part.view(num_tokens, num_heads, num_splits) for part in ml.unbind(0))
     return acc, maxes, sums
 
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def _dot_dtype(storage: torch.dtype) -> tl.dtype:
