@@ -18,10 +18,10 @@ import json
 import torch
 import triton.testing
 
+from layouts import BLOCK, DTYPE, HKV, HQ, D, kv_layouts  # scripts/gpu/layouts.py
+
 from proxima.engine.attention.triton_attention import slot_attention_triton
 
-HQ, HKV, D, BLOCK = 32, 8, 128, 16  # Llama-3-8B attention shapes
-DTYPE = torch.bfloat16
 GRID = [(1, 2048), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (128, 1024),
         (128, 4096), (256, 2048), (512, 1024)]
 
@@ -35,18 +35,8 @@ def copy_bandwidth() -> float:
 
 def case(batch: int, ctx: int, fa3, unified) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(batch * 100003 + ctx)
-    blocks_per_req = ctx // BLOCK
-    num_blocks = batch * blocks_per_req + 1
-    k16 = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=DTYPE, generator=gen)
-    v16 = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=DTYPE, generator=gen)
-    block_table = (torch.randperm(num_blocks - 1, device="cuda", generator=gen)[: batch * blocks_per_req] + 1)
-    block_table = block_table.view(batch, blocks_per_req).to(torch.int32)
-    # Proxima's layout: one row per token, K and V halves side by side per head.
-    rows = torch.empty(num_blocks * BLOCK, HKV, 2 * D, device="cuda", dtype=DTYPE)
-    rows[:, :, :D] = k16.view(-1, HKV, D)
-    rows[:, :, D:] = v16.view(-1, HKV, D)
-    slot_table = (block_table.long()[:, :, None] * BLOCK + torch.arange(BLOCK, device="cuda")).view(batch, ctx)
-    slot_table = slot_table.to(torch.int32).contiguous()
+    kv = kv_layouts(batch, ctx // BLOCK, gen)  # ctx is a multiple of BLOCK here
+    k16, v16, block_table, rows, slot_table = kv.k16, kv.v16, kv.block_table, kv.rows, kv.slot_table
     q = torch.randn(batch, HQ, D, device="cuda", dtype=DTYPE, generator=gen)
     cu_q = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
     seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
@@ -77,8 +67,6 @@ def case(batch: int, ctx: int, fa3, unified) -> dict:
     result["kv_bytes"] = kv_bytes
     if "proxima_us" in result:
         result["proxima_gbps"] = io_bytes / (result["proxima_us"] * 1e-6) / 1e9
-    del k16, v16, rows
-    torch.cuda.empty_cache()
     return result
 
 
@@ -96,6 +84,7 @@ def main() -> None:
           f"{'px/fa3':>7} {'px TB/s':>8} {'%copy':>6} {'maxdiff':>8}")
     for batch, ctx in GRID:
         r = case(batch, ctx, flash_attn_varlen_func, unified_attention)
+        torch.cuda.empty_cache()  # the case's caches were freed on return: give their memory back
         results.append(r)
         px, tr, fa = r.get("proxima_us"), r.get("triton_us"), r.get("fa3_us")
         ratio = px / fa if px and fa else float("nan")

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 import triton.testing
 
+from layouts import BLOCK, DTYPE, HKV, HQ, D, kv_layouts  # scripts/gpu/layouts.py
+
 from proxima.engine.attention.triton_attention import slot_attention_triton, write_kv_triton
 
-HQ, HKV, D, BLOCK = 32, 8, 128, 16  # Llama-3-8B attention shapes
-DTYPE = torch.bfloat16
 SCALE = D ** -0.5
 
 
@@ -78,17 +78,8 @@ class Batch:
 def build(requests: list[tuple[int, int]], seed: int) -> Batch:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     max_seq = max(s for _, s in requests)
-    width = triton.cdiv(max_seq, BLOCK)
-    num_blocks = len(requests) * width + 1
-    k16 = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=DTYPE, generator=gen)
-    v16 = torch.randn(num_blocks, BLOCK, HKV, D, device="cuda", dtype=DTYPE, generator=gen)
-    perm = torch.randperm(num_blocks - 1, device="cuda", generator=gen)[: len(requests) * width] + 1
-    block_table = perm.view(len(requests), width).to(torch.int32)
-    rows = torch.empty(num_blocks * BLOCK, HKV, 2 * D, device="cuda", dtype=DTYPE)
-    rows[:, :, :D] = k16.view(-1, HKV, D)
-    rows[:, :, D:] = v16.view(-1, HKV, D)
-    slot_table = (block_table.long()[:, :, None] * BLOCK + torch.arange(BLOCK, device="cuda")).view(
-        len(requests), width * BLOCK).to(torch.int32).contiguous()
+    kv = kv_layouts(len(requests), triton.cdiv(max_seq, BLOCK), gen)
+    k16, v16, block_table, rows, slot_table = kv.k16, kv.v16, kv.block_table, kv.rows, kv.slot_table
     # New tokens: the last q_len positions of each request.
     positions = [(r, p) for r, (q_len, seq) in enumerate(requests) for p in range(seq - q_len, seq)]
     req_idx = torch.tensor([r for r, _ in positions], device="cuda")
