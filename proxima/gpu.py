@@ -64,8 +64,7 @@ def read_gpus() -> tuple[GpuSnapshot, ...]:
     if nvml is None:
         return ()
     count = _read(nvml.nvmlDeviceGetCount) or 0
-    driver = _read(nvml.nvmlSystemGetDriverVersion)
-    driver = driver.decode() if isinstance(driver, bytes) else driver
+    driver = _text(_read(nvml.nvmlSystemGetDriverVersion)) or None
     handles = [_read(nvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
     uuids = [_text(_read(nvml.nvmlDeviceGetUUID, h)) if h is not None else "" for h in handles]
     gpus = []
