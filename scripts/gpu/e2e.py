@@ -38,6 +38,8 @@ ENGINES = {
     # prefill+decode steps; FULL captures those steps too (both backends support it).
     "proxima-1g-full": (True, "CUSTOM", 1 * GiB, ["tight"]),
     "stock-fa3-1g-full": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
+    "proxima-8g-full": (True, "CUSTOM", 8 * GiB, ["ample"]),
+    "stock-fa3-8g-full": (False, "FLASH_ATTN", 8 * GiB, ["ample"]),
     "proxima-1g": (True, "CUSTOM", 1 * GiB, ["tight"]),
     # Stock allocation and FA3, observed by Proxima's scheduler (PROXIMA_ALLOCATOR=block): the
     # per-step request and slot counts come from the same telemetry as Proxima's.
@@ -51,7 +53,7 @@ ENGINES = {
     "stock-fa3-seeded": (False, "FLASH_ATTN", 2 * GiB, ["greedy"]),
 }
 SEEDED = {"stock-triton-seeded", "proxima-seeded", "stock-fa3-seeded"}
-FULL_GRAPHS = {"proxima-1g-full", "stock-fa3-1g-full"}
+FULL_GRAPHS = {name for name in ENGINES if name.endswith("-full")}
 
 
 def build_seeded_model(path: Path) -> None:

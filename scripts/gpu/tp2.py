@@ -49,7 +49,7 @@ PROXIMA_ARGS = (*COMMON, "--disable-custom-all-reduce",
                 "--compilation-config", '{"cudagraph_mode": "FULL", ' + NO_FUSED_ALLREDUCE + "}")
 STOCK_ARGS = (*COMMON, "--disable-custom-all-reduce", "--compilation-config", "{" + NO_FUSED_ALLREDUCE + "}",
               "--block-size", "16", "--attention-backend", "TRITON_ATTN")
-ALLREDUCE_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0",
+ALLREDUCE_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0", "VLLM_USE_NCCL_SYMM_MEM": "0",
                  "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm", "NCCL_NVLS_ENABLE": "0",
                  "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings".split()
