@@ -59,6 +59,7 @@ SERVER_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER
                  "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                  # float32 Triton dots at float32 accuracy in both servers (see the module docstring)
                  "TRITON_F32_DEFAULT": "ieee"}
+STREAM_TOKENS = 800  # the long streaming request of the metric checks
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings".split()
 
 
@@ -107,7 +108,7 @@ def check_metrics(url: str, model: str) -> dict:
     done = threading.Event()
 
     def stream() -> None:
-        body = {"model": model, "prompt": "the quick brown fox " * 5, "max_tokens": 800, "temperature": 0,
+        body = {"model": model, "prompt": "the quick brown fox " * 5, "max_tokens": STREAM_TOKENS, "temperature": 0,
                 "ignore_eos": True}
         httpx.post(f"{url}/v1/completions", json=body, timeout=300)
         done.set()
@@ -177,6 +178,11 @@ def main() -> int:
     spread = sorted({d["slots_used"] - d["live_tokens"] for d in track})
     checks.append(("used slots track the live tokens of the streaming request (<= 1 slot ahead)", ok_track,
                    f"{len(track)} samples; used - live in {spread}"))
+    # One batched allocate call per engine step that gives the request slots: its prefill, then
+    # one per decode step (STREAM_TOKENS - 1), i.e. STREAM_TOKENS calls for a request run alone.
+    calls = after["allocate_calls"] - m["before"]["allocate_calls"]
+    checks.append(("allocator calls during the streaming request = its engine steps", calls == STREAM_TOKENS,
+                   f"{calls:.0f} (expected {STREAM_TOKENS})"))
     checks.append(("after: 0 slots used, 0 requests holding slots",
                    after["slots_used"] == 0 and after["requests_holding_slots"] == 0,
                    (f"used {after['slots_used']:.0f}, requests {after['requests_holding_slots']:.0f}, "
