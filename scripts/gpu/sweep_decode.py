@@ -1,0 +1,126 @@
+"""Decode launch-shape sweep on the GPU: which tile shape and split count a decode batch wants.
+
+For each decode point (batch x context, Llama-3-8B attention shapes, bf16, fragmented slots)
+this times Proxima's kernels replayed from a CUDA graph (how vLLM runs decode steps) for every
+tile shape (KV tile, warps, pipeline stages; 16 query rows) and split count in the grids below,
+forced through the launcher's own launch plan, next to FlashAttention 3 replayed the same way.
+It prints the best shape per point, what `choose_tiles` / `choose_num_splits` pick now and
+their time, and each shape's registers and spills. Each forced launch is checked against FA3.
+
+usage: python scripts/gpu/sweep_decode.py [--json OUT]   (needs CUDA and vLLM 0.26)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+
+import torch
+import triton
+import triton.testing
+
+from bench_mixed import SCALE, build, kernels  # scripts/gpu/bench_mixed.py
+
+from proxima.engine.attention.planning import (
+    TileConfig, choose_num_splits, choose_tiles, longest_context, num_sms,
+)
+from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan
+
+POINTS = [(1, 2048), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (46, 300), (128, 1024),
+          (256, 2048)]
+SHAPES = [TileConfig(16, n, w, s) for n in (32, 64, 128) for w, s in ((4, 2), (4, 3), (4, 4), (8, 2), (8, 3))]
+SPLITS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 64)
+
+
+def replay_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=40, return_mode="median") * 1e3
+
+
+def forced(b, out, tiles: TileConfig, splits: int):
+    k_rows, v_rows = b.rows[:, :, : b.q.shape[2]], b.rows[:, :, b.q.shape[2]:]
+    plan = _launch_plan(b.q, k_rows, v_rows, b.slot_table, b.cu_q, b.seq_lens, SCALE, out, b.q.shape[0],
+                        tiles, splits)
+
+    def run():
+        for launch, grid, args, key, options in plan:
+            launch(grid, args, key, **options)
+
+    return run, plan[0][3]
+
+
+def sweep_point(batch: int, ctx: int) -> dict:
+    b = build([(1, ctx)] * batch, batch * 7919 + ctx)
+    out = {k: torch.empty_like(b.q) for k in ("proxima", "fa3", "triton")}
+    fa3 = kernels(b, out, graph_safe=True)["fa3"][1]
+    result = {"batch": batch, "context": ctx, "fa3_us": replay_us(fa3), "runs": []}
+    group = b.q.shape[1] // b.rows.shape[1]
+    head_pad = triton.next_power_of_2(b.q.shape[2])
+    for tiles, splits in itertools.product(SHAPES, SPLITS):
+        if splits > triton.cdiv(ctx, tiles.block_n):
+            continue
+        try:
+            run, key = forced(b, out["proxima"], tiles, splits)
+            us = replay_us(run)
+            diff = float((out["proxima"].float() - out["fa3"].float()).abs().max())
+        except Exception as err:  # e.g. a shape that does not fit shared memory
+            result["runs"].append({"tiles": dataclasses.asdict(tiles),
+                                   "splits": splits, "error": f"{type(err).__name__}: {err}"[:160]})
+            continue
+        kernel = _launch_attention._compiled.get(key)
+        result["runs"].append({"block_n": tiles.block_n, "warps": tiles.num_warps, "stages": tiles.num_stages,
+                               "splits": splits, "us": us, "max_abs_diff": diff,
+                               "regs": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)})
+    # What the planner picks today for a captured decode graph (no hints: slot table width).
+    tiles = choose_tiles(batch, batch, group, head_pad, 2, None)
+    # As slot_attention_triton asks: real tiles of a decode batch number T (= batch) at most.
+    splits = choose_num_splits(batch * b.rows.shape[1],
+                               triton.cdiv(longest_context(b.slot_table, None), tiles.block_n),
+                               num_sms(b.q.device))
+    result["current"] = {"block_n": tiles.block_n, "warps": tiles.num_warps, "stages": tiles.num_stages,
+                         "splits": splits}
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    print(f"device {torch.cuda.get_device_name()}, {num_sms(torch.device('cuda'))} SMs; CUDA-graph replay, us")
+    results = []
+    for batch, ctx in POINTS:
+        r = sweep_point(batch, ctx)
+        results.append(r)
+        ok = [x for x in r["runs"] if "us" in x]
+        best = min(ok, key=lambda x: x["us"])
+        cur = r["current"]
+        mine = next((x for x in ok if all(x[k] == cur[k] for k in cur)), None)
+        worst_diff = max(x["max_abs_diff"] for x in ok)
+        print(f"{batch:>4} x {ctx:>6}: FA3 {r['fa3_us']:7.1f} | current n{cur['block_n']} w{cur['warps']} "
+              f"s{cur['stages']} x{cur['splits']} {mine['us'] if mine else float('nan'):7.1f} | best n{best['block_n']} "
+              f"w{best['warps']} s{best['stages']} x{best['splits']} {best['us']:7.1f} "
+              f"({best['us'] / r['fa3_us']:.2f}x FA3) | max diff {worst_diff:.4f}")
+        # Per shape: its best split count.
+        for shape in sorted({(x["block_n"], x["warps"], x["stages"]) for x in ok}):
+            runs = [x for x in ok if (x["block_n"], x["warps"], x["stages"]) == shape]
+            top = min(runs, key=lambda x: x["us"])
+            print(f"      n{shape[0]:<3} w{shape[1]} s{shape[2]}: best x{top['splits']:<2} {top['us']:7.1f} us "
+                  f"(unsplit {next((x['us'] for x in runs if x['splits'] == 1), float('nan')):7.1f}); "
+                  f"regs {top['regs']} spills {top['spills']}")
+        for x in r["runs"]:
+            if "error" in x:
+                print(f"      error {x['tiles']} x{x['splits']}: {x['error']}")
+                break
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
