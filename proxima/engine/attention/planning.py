@@ -41,6 +41,10 @@ def choose_tiles(
     Measured on an H200 (bf16, Hq=32, Hkv=8, D=128): 64x64 tiles ran a 4096-token prefill 3.3x
     and a decode+prefill mix 2.1x faster than 16x32; on decode-only batches 16-row tiles were
     ~12% faster than 64-row ones (a decode fills only GROUP rows, the rest is wasted MMA work).
+    Decode KV tiles: scripts/gpu/sweep_decode.py replayed 15 shapes x 10 split counts from CUDA
+    graphs at 9 batch x context points; 128-token tiles with 4 warps and 3 stages (168
+    registers, no spills) were the fastest shape or within 5% of it at every point, where the
+    64-token tiles ran up to 1.28x slower (32 x 8,192: 325 against 254-272 us; FA3 259).
     """
     if itemsize >= 4:
         # fp32 storage (tests, debugging; not a serving dtype): 3xTF32 dots spill registers on
@@ -51,6 +55,12 @@ def choose_tiles(
     else:  # guess from shapes, leaving room for cudagraph padding rows
         decode_only = num_tokens <= 2 * num_requests
     rows = 16 if decode_only else 64
+    block_m = max(rows, triton.next_power_of_2(group))
+    if decode_only and block_m == 16 and head_size_pad <= 128:
+        # The measured decode shape (docstring); it compiled and ran at D = 128 (the stage
+        # estimate below overstates it: these gathered loads are not staged that way). Wider
+        # heads and bigger GQA groups take the estimate's path.
+        return TileConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
     # Wide heads: drop a pipeline stage, then halve the KV tile, to fit shared memory.
     block_n, num_stages = 64, 3
 
@@ -61,14 +71,14 @@ def choose_tiles(
         num_stages = 2
     while stage_bytes() > _KV_STAGE_BUDGET_BYTES and block_n > 16:
         block_n //= 2
-    block_m = max(rows, triton.next_power_of_2(group))
     return TileConfig(block_m=block_m, block_n=block_n, num_stages=num_stages)
 
 
 # Split-KV launch model, after FlashAttention-2's num_splits_heuristic (its two programs per SM
-# and 85% efficiency slack). Two is also what fits here: the bf16 decode kernel compiles for
-# sm_90 to 255 registers x 128 threads, half an SM's 64K registers. The caps (4 waves, 64
-# splits) are ours: past a few waves more splits only add partials to write and merge.
+# and 85% efficiency slack). Not tuned further: on the H200 (scripts/gpu/sweep_decode.py, the
+# 128-token decode tiles) its picks ran within 5% of the best split count at every batch x
+# context point measured. The caps (4 waves, 64 splits) are ours: past a few waves more splits
+# only add partials to write and merge.
 _PROGRAMS_PER_SM = 2
 _MAX_SPLIT_WAVES = 4
 MAX_SPLITS = 64
@@ -90,8 +100,8 @@ def choose_num_splits(num_programs: int, num_kv_tiles: int, num_sms: int | None)
     Rule: no split when the grid already fills a wave of ``2 x SMs`` programs; otherwise the
     smallest S whose wave efficiency ``waves / ceil(waves)`` (waves = programs x S / slots) is
     within 15% of the best S up to min(64, KV tiles, 4 waves' worth): the fewest splits that
-    leave no mostly idle last wave. H200 (132 SMs, Hkv=8, decode): batch 1 -> 28-29 splits,
-    batch 8 -> 4, batch >= 32 -> 1 (those ran at 97% of copy bandwidth already).
+    leave no mostly idle last wave. H200 (132 SMs, Hkv=8, decode, 128-token tiles): batch 1
+    -> 14 splits at 2k context, 29 at 32k; batch 8 -> 4; batch >= 32 -> 1.
     """
     if num_sms is None or num_kv_tiles < 2:
         return 1
