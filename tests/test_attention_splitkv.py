@@ -231,13 +231,36 @@ def test_longest_context_prefers_hint_and_bounds_it_by_the_table(kernels, force)
 
 def test_split_rule_on_h200_shapes(kernels) -> None:
     rule = kernels.choose_num_splits
-    # Hkv=8, decode: programs = batch x 8; KV tiles of 64 tokens; 132 SMs.
-    assert rule(1 * 8, 32768 // 64, 132) == 29  # one near-full wave of 232 programs
-    assert rule(1 * 8, 2048 // 64, 132) == 28
-    assert rule(8 * 8, 8192 // 64, 132) == 4
-    assert rule(32 * 8, 8192 // 64, 132) == 1  # already ~a full wave
+    # Hkv=8, decode: programs = batch x 8; KV tiles of 128 tokens (the decode tiles); 132 SMs.
+    assert rule(1 * 8, 32768 // 128, 132) == 29  # one near-full wave of 232 programs
+    assert rule(1 * 8, 2048 // 128, 132) == 14  # as many splits as the 16 KV tiles allow within 15%
+    assert rule(8 * 8, 8192 // 128, 132) == 4
+    assert rule(32 * 8, 8192 // 128, 132) == 1  # already ~a full wave
     assert rule(8, 1, 132) == 1  # one KV tile: nothing to split
     assert rule(8, 512, None) == 1  # no GPU (interpreter): never split on its own
+
+
+def test_tile_choice_on_llama_shapes(kernels) -> None:
+    choose = kernels.choose_tiles
+    # bf16, head 128, GQA 4 (Llama-3-8B): decode gets the H200 sweep's shape, hinted or guessed
+    # from one token per request; prefill and mixed batches get 64x64 tiles.
+    assert choose(8, 8, 4, 128, 2, 1) == TileConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
+    assert choose(8, 8, 4, 128, 2, None) == choose(8, 8, 4, 128, 2, 1)
+    assert choose(300, 4, 4, 128, 2, 150) == TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
+    # Head 256 decode: not the measured shape; the shared-memory estimate halves the KV tile.
+    assert choose(8, 8, 4, 256, 2, 1) == TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2)
+
+
+@given(st.integers(1, 4096), st.integers(1, 512), st.sampled_from([1, 2, 4, 5, 8, 16, 32]),
+       st.sampled_from([16, 32, 64, 128, 256]), st.sampled_from([2, 4]), st.one_of(st.none(), st.integers(1, 4096)))
+def test_tile_choice_bounds(kernels, tokens, requests, group, head_pad, itemsize, max_query_len) -> None:
+    t = kernels.choose_tiles(tokens, requests, group, head_pad, itemsize, max_query_len)
+    # tl.dot needs 16 rows and 16 columns at least; a program holds whole GQA groups.
+    assert t.block_m >= max(16, group) and t.block_m & (t.block_m - 1) == 0
+    assert 16 <= t.block_n <= 128 and t.block_n & (t.block_n - 1) == 0
+    # Outside the measured decode shape, K/V stages stay within the shared-memory estimate.
+    if t.block_n < 128 and itemsize == 2:
+        assert t.num_stages * 2 * t.block_n * head_pad * itemsize <= 160 * 1024 or t.block_n == 16
 
 
 @given(st.integers(1, 4096), st.integers(1, 4096), st.integers(1, 200))
