@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (after .gpu-bundle/device.sh install): kernel tests, decode microbenchmark,
 # end-to-end A/B. Logs and JSON go to $OUT.
-# usage: bash scripts/gpu/run.sh {kernels|mixed|e2e} [e2e options: --only NAME,... --profile]
+# usage: bash scripts/gpu/run.sh {kernels|mixed|sweep|e2e} [e2e options: --only NAME,... --profile]
 set -uo pipefail
 source /tmp/gpu-env
 out=${OUT:-/tmp/out}
@@ -16,10 +16,13 @@ kernels)
 mixed)
   python3 scripts/gpu/bench_mixed.py --json "$out/mixed.json" 2>&1 | grep -v Warning | tee "$out/mixed.txt"
   ;;
+sweep)
+  python3 scripts/gpu/sweep_decode.py --json "$out/sweep.json" 2>&1 | grep -v Warning | tee "$out/sweep.txt"
+  ;;
 e2e)
   shift
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
   python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e" "$@" 2>&1 | tee "$out/e2e.txt"
   ;;
-*) echo "usage: run.sh kernels|mixed|e2e" >&2; exit 2 ;;
+*) echo "usage: run.sh kernels|mixed|sweep|e2e" >&2; exit 2 ;;
 esac
