@@ -77,8 +77,8 @@ def choose_tiles(
 # Split-KV launch model, after FlashAttention-2's num_splits_heuristic (its two programs per SM
 # and 85% efficiency slack). Not tuned further: on the H200 (scripts/gpu/sweep_decode.py, the
 # 128-token decode tiles) its picks ran within 5% of the best split count at every batch x
-# context point measured but 1 x 2,048 (15.0 against 13.8 us). The caps (4 waves, 64 splits) are ours: past a few waves more splits
-# only add partials to write and merge.
+# context point measured but 1 x 2,048 (15.0 against 13.8 us). The caps (4 waves, 64 splits)
+# are ours: past a few waves more splits only add partials to write and merge.
 _PROGRAMS_PER_SM = 2
 _MAX_SPLIT_WAVES = 4
 MAX_SPLITS = 64
