@@ -10,11 +10,12 @@
   divergence, the gap between the reference's top two logprobs says whether numerics explain it.
   Triton's tl.dot defaults to TF32 for float32 inputs (10-bit mantissa, ~1e-3 relative error),
   which stock TRITON_ATTN inherits; Proxima asks for "tf32x3" (float32-level error). The run of
-  2026-11-30 11:24 UTC left that default in place and 25/32 texts matched; TRITON_F32_DEFAULT=ieee
+  2026-11-30 11:20 UTC left that default in place and 25/32 texts matched; TRITON_F32_DEFAULT=ieee
   now puts every Triton float32 dot in both servers at float32 accuracy.
 - Metrics (Proxima): one engine label; slots and bytes per token are per GPU (each worker holds
-  half the KV heads); while a long request streams, used slots track its live tokens; after,
-  used slots and requests holding slots are 0.
+  half the KV heads); while a long request streams, used slots track its live tokens, and the
+  allocator is called once per engine step of it; after, used slots and requests holding slots
+  are 0.
 
 All-reduce runs on NCCL only: on the lent H200 machines NVLink multicast is off and must stay
 unused, and vLLM 0.26 otherwise picks, for TP > 1 on Hopper, FlashInfer's allreduce+RMSNorm fusion
