@@ -16,9 +16,14 @@ import torch
 import triton
 from torch import Tensor
 
-# Shared memory we let pipelined K/V tiles take (Hopper has 228 KiB per SM; leave headroom for
-# the Q tile and the compiler's own buffers).
-_KV_STAGE_BUDGET_BYTES = 160 * 1024
+# Shared memory the pipelined K/V tiles of one program may take, by `choose_tiles`' estimate
+# (stages x K and V x KV tile x padded head x itemsize). Hopper has 228 KiB per SM: 64-row tiles
+# leave headroom for their Q tile and the compiler's own buffers. The 16-row decode shape
+# (128-token tiles, 3 stages) compiled and ran at head 128, 192 KiB by the estimate
+# (scripts/gpu/sweep_decode.py), and there the estimate overstates: gathered loads are not
+# staged that way.
+KV_STAGE_BUDGET_BYTES = 160 * 1024
+DECODE_KV_STAGE_BUDGET_BYTES = 192 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,22 +59,19 @@ def choose_tiles(
         decode_only = max_query_len <= 1
     else:  # guess from shapes, leaving room for cudagraph padding rows
         decode_only = num_tokens <= 2 * num_requests
-    rows = 16 if decode_only else 64
-    block_m = max(rows, triton.next_power_of_2(group))
-    if decode_only and block_m == 16 and head_size_pad <= 128:
-        # The measured decode shape (docstring); it compiled and ran at D = 128 (the stage
-        # estimate below overstates it: these gathered loads are not staged that way). Wider
-        # heads and bigger GQA groups take the estimate's path.
-        return TileConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
-    # Wide heads: drop a pipeline stage, then halve the KV tile, to fit shared memory.
-    block_n, num_stages = 64, 3
+    block_m = max(16 if decode_only else 64, triton.next_power_of_2(group))
+    if block_m == 16:  # decode with GQA groups up to 16: the sweep's shape (docstring)
+        block_n, num_stages, budget = 128, 3, DECODE_KV_STAGE_BUDGET_BYTES
+    else:
+        block_n, num_stages, budget = 64, 3, KV_STAGE_BUDGET_BYTES
 
     def stage_bytes() -> int:
         return num_stages * 2 * block_n * head_size_pad * itemsize
 
-    if stage_bytes() > _KV_STAGE_BUDGET_BYTES:
+    # Wide heads: drop a pipeline stage, then halve the KV tile, to fit shared memory.
+    if stage_bytes() > budget:
         num_stages = 2
-    while stage_bytes() > _KV_STAGE_BUDGET_BYTES and block_n > 16:
+    while stage_bytes() > budget and block_n > 16:
         block_n //= 2
     return TileConfig(block_m=block_m, block_n=block_n, num_stages=num_stages)
 
