@@ -4,8 +4,9 @@ For each decode point (batch x context, Llama-3-8B attention shapes, bf16, fragm
 this times Proxima's kernels replayed from a CUDA graph (how vLLM runs decode steps) for every
 tile shape (KV tile, warps, pipeline stages; 16 query rows) and split count in the grids below,
 forced through the launcher's own launch plan, next to FlashAttention 3 replayed the same way.
-It prints the best shape per point, what `choose_tiles` / `choose_num_splits` pick now and
-their time, and each shape's registers and spills. Each forced launch is checked against FA3.
+It prints the best shape per point, what `slot_attention_triton` picks itself
+(`choose_launch_shape`) and its time, and each shape's registers and spills. Each forced launch
+is checked against FA3.
 
 usage: python scripts/gpu/sweep_decode.py [--json OUT]   (needs CUDA and vLLM 0.26)
 """
@@ -23,10 +24,8 @@ import triton.testing
 
 from bench_mixed import SCALE, build, kernels  # scripts/gpu/bench_mixed.py
 
-from proxima.engine.attention.planning import (
-    TileConfig, choose_num_splits, choose_tiles, longest_context, num_sms,
-)
-from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan
+from proxima.engine.attention.planning import TileConfig, num_sms
+from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan, choose_launch_shape
 
 POINTS = [(1, 2048), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (46, 300), (128, 1024),
           (256, 2048)]
@@ -58,10 +57,8 @@ def forced(b, out, tiles: TileConfig, splits: int):
 def sweep_point(batch: int, ctx: int) -> dict:
     b = build([(1, ctx)] * batch, batch * 7919 + ctx)
     out = {k: torch.empty_like(b.q) for k in ("proxima", "fa3", "triton")}
-    fa3 = kernels(b, out, graph_safe=True)["fa3"][1]
-    result = {"batch": batch, "context": ctx, "fa3_us": replay_us(fa3), "runs": []}
-    group = b.q.shape[1] // b.rows.shape[1]
-    head_pad = triton.next_power_of_2(b.q.shape[2])
+    launches = kernels(b, out, graph_safe=True)  # as captured: no length hints
+    result = {"batch": batch, "context": ctx, "fa3_us": replay_us(launches["fa3"][1]), "runs": []}
     for tiles, splits in itertools.product(SHAPES, SPLITS):
         if splits > triton.cdiv(ctx, tiles.block_n):
             continue
@@ -77,14 +74,10 @@ def sweep_point(batch: int, ctx: int) -> dict:
         result["runs"].append({"block_n": tiles.block_n, "warps": tiles.num_warps, "stages": tiles.num_stages,
                                "splits": splits, "us": us, "max_abs_diff": diff,
                                "regs": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)})
-    # What the planner picks today for a captured decode graph (no hints: slot table width).
-    tiles = choose_tiles(batch, batch, group, head_pad, 2, None)
-    # As slot_attention_triton asks: real tiles of a decode batch number T (= batch) at most.
-    splits = choose_num_splits(batch * b.rows.shape[1],
-                               triton.cdiv(longest_context(b.slot_table, None), tiles.block_n),
-                               num_sms(b.q.device))
+    # What slot_attention_triton itself picks for a captured decode graph, and its time.
+    tiles, splits = choose_launch_shape(b.q, b.rows[:, :, : b.q.shape[2]], b.slot_table, b.cu_q, None, None)
     result["current"] = {"block_n": tiles.block_n, "warps": tiles.num_warps, "stages": tiles.num_stages,
-                         "splits": splits}
+                         "splits": splits, "us": replay_us(launches["proxima"][1])}
     return result
 
 
@@ -100,10 +93,9 @@ def main() -> None:
         ok = [x for x in r["runs"] if "us" in x]
         best = min(ok, key=lambda x: x["us"])
         cur = r["current"]
-        mine = next((x for x in ok if all(x[k] == cur[k] for k in cur)), None)
         worst_diff = max(x["max_abs_diff"] for x in ok)
         print(f"{batch:>4} x {ctx:>6}: FA3 {r['fa3_us']:7.1f} | current n{cur['block_n']} w{cur['warps']} "
-              f"s{cur['stages']} x{cur['splits']} {mine['us'] if mine else float('nan'):7.1f} | best n{best['block_n']} "
+              f"s{cur['stages']} x{cur['splits']} {cur['us']:7.1f} | best n{best['block_n']} "
               f"w{best['warps']} s{best['stages']} x{best['splits']} {best['us']:7.1f} "
               f"({best['us'] / r['fa3_us']:.2f}x FA3) | max diff {worst_diff:.4f}")
         # Per shape: its best split count.

@@ -316,14 +316,30 @@ def slot_attention_triton(
         raise ValueError("slot_attention_triton: query_start_loc and seq_lens must be contiguous")
     _check_backend(query, "slot_attention_triton")
 
+    num_tokens, num_requests = query.shape[0], query_start_loc.shape[0] - 1
+    if num_requests == 0 or num_tokens == 0:
+        return output
+    tiles, num_splits = choose_launch_shape(query, k_cache, slot_table, query_start_loc, max_query_len, max_seq_len)
+    row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
+    for launch, grid, args, key, options in _launch_plan(
+        query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, scale, output, row_limit, tiles,
+        num_splits,
+    ):
+        launch(grid, args, key, **options)
+    return output
+
+
+def choose_launch_shape(
+    query: Tensor, k_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
+    max_query_len: int | None, max_seq_len: int | None,
+) -> tuple[TileConfig, int]:
+    """Tile shape and split-KV count of a `slot_attention_triton` call with these arguments."""
     num_tokens, num_query_heads, head_size = query.shape
     num_kv_heads = k_cache.shape[1]
     num_requests = query_start_loc.shape[0] - 1
-    if num_requests == 0 or num_tokens == 0:
-        return output
     group = num_query_heads // num_kv_heads
-    head_size_pad = max(16, triton.next_power_of_2(head_size))
-    tiles = choose_tiles(num_tokens, num_requests, group, head_size_pad, query.dtype.itemsize, max_query_len)
+    tiles = choose_tiles(num_tokens, num_requests, group, _head_size_pad(head_size), query.dtype.itemsize,
+                         max_query_len)
     # Real tiles number at most T (each holds a token): the tighter estimate for a decode batch.
     num_tiles = _grid_tiles(num_tokens, num_requests, tiles.block_m // group)
     num_splits = choose_num_splits(min(num_tiles, num_tokens) * num_kv_heads,
@@ -334,14 +350,12 @@ def slot_attention_triton(
             f"slot_attention_triton: choose_num_splits gave {num_splits!r}; it must be an int >= 1"
         )
     bytes_per_split = num_tokens * num_query_heads * (head_size + 2) * 4
-    num_splits = min(num_splits, max(1, SPLIT_WORKSPACE_BUDGET_BYTES // bytes_per_split))
-    row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
-    for launch, grid, args, key, options in _launch_plan(
-        query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, scale, output, row_limit, tiles,
-        num_splits,
-    ):
-        launch(grid, args, key, **options)
-    return output
+    return tiles, min(num_splits, max(1, SPLIT_WORKSPACE_BUDGET_BYTES // bytes_per_split))
+
+
+def _head_size_pad(head_size: int) -> int:
+    # A power of two for tl.arange, and at least tl.dot's 16.
+    return max(16, triton.next_power_of_2(head_size))
 
 
 def _grid_tiles(num_tokens: int, num_requests: int, block_q: int) -> int:
@@ -363,7 +377,7 @@ def _launch_plan(
     num_kv_heads = k_cache.shape[1]
     num_requests = query_start_loc.shape[0] - 1
     group = num_query_heads // num_kv_heads
-    head_size_pad = max(16, triton.next_power_of_2(head_size))
+    head_size_pad = _head_size_pad(head_size)
     block_q = tiles.block_m // group
     num_tiles = _grid_tiles(num_tokens, num_requests, block_q)
     if num_splits == 1:
@@ -421,7 +435,7 @@ def compile_attention_variants(
     """
     num_tokens, num_query_heads, head_size = query.shape
     group = num_query_heads // k_cache.shape[1]
-    head_size_pad = max(16, triton.next_power_of_2(head_size))
+    head_size_pad = _head_size_pad(head_size)
     max_splits = 1
     count = 0
     for max_query_len in (1, 2):  # decode-only tiles, then prefill tiles
@@ -436,9 +450,9 @@ def compile_attention_variants(
             ):
                 count += launch.compile(grid, args, key, **options)
     # The merge kernel is compiled per padded split count (a constexpr).
+    tiles = choose_tiles(1, 1, group, head_size_pad, query.dtype.itemsize, 1)
     splits = 4
     while splits <= triton.next_power_of_2(max_splits):
-        tiles = choose_tiles(1, 1, group, head_size_pad, query.dtype.itemsize, 1)
         _, (launch, grid, args, key, options) = _launch_plan(
             query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0, output[:1],
             1, tiles, splits,
