@@ -28,6 +28,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from proxima.engine.slot_allocator import SlotAllocator
 from proxima.engine.slot_table import RequestSlotTable
+from proxima.metrics.catalog import ALLOCATOR_OPS
 
 # Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -46,17 +47,21 @@ class OpTimings:
     per value batched (scripts/bench_host_path.py).
     """
 
-    __slots__ = ("allocate", "free", "step")
+    # One list per `op` label of the latency histogram; the hot paths append to them by name.
+    __slots__ = ALLOCATOR_OPS
+    allocate: list[float]
+    free: list[float]
+    step: list[float]
 
     def __init__(self) -> None:
-        self.allocate: list[float] = []
-        self.free: list[float] = []
-        self.step: list[float] = []
+        for op in ALLOCATOR_OPS:
+            setattr(self, op, [])
 
     def drain(self) -> dict[str, list[float]]:
-        """Every list, by operation name (the `op` label of the latency histogram), emptied."""
-        drained = {"allocate": self.allocate, "free": self.free, "step": self.step}
-        self.allocate, self.free, self.step = [], [], []
+        """Every list, by operation name, emptied."""
+        drained = {op: getattr(self, op) for op in ALLOCATOR_OPS}
+        for op in ALLOCATOR_OPS:
+            setattr(self, op, [])
         return drained
 
 
