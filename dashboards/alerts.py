@@ -109,7 +109,8 @@ RULES: tuple[AlertRule, ...] = (
         "KV cache {{ $value | humanizePercentage }} full on {{ $labels.instance }} with requests "
         "waiting",
         f"Live tokens fill more than {c.KV_DANGER_USAGE:.0%} of the KV cache of engine "
-        "{{ $labels.engine }} on {{ $labels.instance }} and requests have been queueing for 2 minutes: new requests wait "
+        "{{ $labels.engine }} on {{ $labels.instance }} and requests have been queueing for 2 "
+        "minutes: new requests wait "
         "for memory and running ones are next to be preempted. Shed or spread load, or give the "
         "cache more memory (--gpu-memory-utilization, --kv-cache-memory-bytes).",
         "kv-exhaustion",

@@ -256,7 +256,8 @@ def test_tile_choice_on_llama_shapes(kernels) -> None:
 
 
 @given(st.integers(1, 4096), st.integers(1, 512), st.sampled_from([1, 2, 4, 5, 8, 16, 32]),
-       st.sampled_from([16, 32, 64, 128, 256]), st.sampled_from([2, 4]), st.one_of(st.none(), st.integers(1, 4096)))
+       st.sampled_from([16, 32, 64, 128, 256]), st.sampled_from([2, 4]),
+       st.one_of(st.none(), st.integers(1, 4096)))
 def test_tile_choice_bounds(kernels, tokens, requests, group, head_pad, itemsize, max_query_len) -> None:
     t = kernels.choose_tiles(tokens, requests, group, head_pad, itemsize, max_query_len)
     # tl.dot needs 16 rows and 16 columns at least; a program holds whole GQA groups.

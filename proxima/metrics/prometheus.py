@@ -35,12 +35,12 @@ class BatchObserver:
 
     prometheus_client has no batch observe, and one call costs 0.65 us against 0.09 us per value
     here (scripts/bench_host_path.py, in-process registry; in multiprocess mode each call also
-    writes to a shared file). Every decode step allocates for every running request, and
-    the scheduler hands over all the timings since its last publish at once: bucket them with
-    numpy and add each bucket's count once. This reads the histogram child's own fields (``_upper_bounds``, ``_buckets``, ``_sum``,
-    prometheus-client 0.26), looked up once here, not per step; tests/test_prometheus_export.py
-    checks the result against observe() value by value, and a client without those fields gets
-    the plain loop.
+    writes to a shared file). Every decode step allocates for every running request, and the
+    scheduler hands over all the timings since its last publish at once: bucket them with numpy
+    and add each bucket's count once. This reads the histogram child's own fields
+    (``_upper_bounds``, ``_buckets``, ``_sum``, prometheus-client 0.26), looked up once here, not
+    per step; tests/test_prometheus_export.py checks the result against observe() value by
+    value, and a client without those fields gets the plain loop.
     """
 
     def __init__(self, histogram) -> None:

@@ -73,7 +73,8 @@ def sweep_point(batch: int, ctx: int) -> dict:
         kernel = _launch_attention._compiled.get(key)
         result["runs"].append({"block_n": tiles.block_n, "warps": tiles.num_warps, "stages": tiles.num_stages,
                                "splits": splits, "us": us, "max_abs_diff": diff,
-                               "regs": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)})
+                               "regs": getattr(kernel, "n_regs", None),
+                               "spills": getattr(kernel, "n_spills", None)})
     # What slot_attention_triton itself picks for a captured decode graph, and its time.
     tiles, splits = choose_launch_shape(b.q, b.rows[:, :, : b.q.shape[2]], b.slot_table, b.cu_q, None, None)
     result["current"] = {"block_n": tiles.block_n, "warps": tiles.num_warps, "stages": tiles.num_stages,

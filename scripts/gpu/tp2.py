@@ -55,11 +55,11 @@ PROXIMA_ARGS = (*COMMON, "--disable-custom-all-reduce",
                 "--compilation-config", '{"cudagraph_mode": "FULL", ' + NO_FUSED_ALLREDUCE + "}")
 STOCK_ARGS = (*COMMON, "--disable-custom-all-reduce", "--compilation-config", "{" + NO_FUSED_ALLREDUCE + "}",
               "--block-size", "16", "--attention-backend", "TRITON_ATTN")
-SERVER_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0", "VLLM_USE_NCCL_SYMM_MEM": "0",
-                 "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm", "NCCL_NVLS_ENABLE": "0",
-                 "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-                 # float32 Triton dots at float32 accuracy in both servers (see the module docstring)
-                 "TRITON_F32_DEFAULT": "ieee"}
+SERVER_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0",
+              "VLLM_USE_NCCL_SYMM_MEM": "0", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
+              "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+              # float32 Triton dots at float32 accuracy in both servers (see the module docstring)
+              "TRITON_F32_DEFAULT": "ieee"}
 STREAM_TOKENS = 800  # the long streaming request of the metric checks
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings".split()
 
@@ -76,7 +76,8 @@ def complete(url: str, model: str, prompt: str, max_tokens: int) -> dict:
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
     r.raise_for_status()
     lp = r.json()["choices"][0]["logprobs"]
-    return {"tokens": lp["tokens"], "top2": [sorted(t.values(), reverse=True)[:2] for t in lp["top_logprobs"]]}
+    top2 = [sorted(t.values(), reverse=True)[:2] for t in lp["top_logprobs"]]
+    return {"tokens": lp["tokens"], "top2": top2}
 
 
 def compare_greedy(ours: list[dict], ref: list[dict]) -> tuple[int, str]:
@@ -109,7 +110,8 @@ def check_metrics(url: str, model: str) -> dict:
     done = threading.Event()
 
     def stream() -> None:
-        body = {"model": model, "prompt": "the quick brown fox " * 5, "max_tokens": STREAM_TOKENS, "temperature": 0,
+        body = {"model": model, "prompt": "the quick brown fox " * 5, "max_tokens": STREAM_TOKENS,
+                "temperature": 0,
                 "ignore_eos": True}
         httpx.post(f"{url}/v1/completions", json=body, timeout=300)
         done.set()

@@ -99,7 +99,8 @@ def write_kv_triton(
     """Triton ``write_kv``: skips negative slots in-kernel (no host sync). Slots must be distinct
     and in range; out-of-range slots are not checked (that would sync)."""
     check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
-    check_unit_stride("write_kv_triton", (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)))
+    check_unit_stride("write_kv_triton",
+                      (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)))
     if not slot_mapping.is_contiguous():
         raise ValueError("write_kv_triton: slot_mapping must be contiguous")
     _check_backend(key, "write_kv_triton")
@@ -319,7 +320,8 @@ def slot_attention_triton(
     num_tokens, num_requests = query.shape[0], query_start_loc.shape[0] - 1
     if num_requests == 0 or num_tokens == 0:
         return output
-    tiles, num_splits = choose_launch_shape(query, k_cache, slot_table, query_start_loc, max_query_len, max_seq_len)
+    tiles, num_splits = choose_launch_shape(query, k_cache, slot_table, query_start_loc, max_query_len,
+                                            max_seq_len)
     row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
     for launch, grid, args, key, options in _launch_plan(
         query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, scale, output, row_limit, tiles,
