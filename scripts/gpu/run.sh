@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (after .gpu-bundle/device.sh install): kernel tests, decode microbenchmark,
 # end-to-end A/B. Logs and JSON go to $OUT.
-# usage: bash scripts/gpu/run.sh {kernels|mixed|sweep|e2e} [e2e options: --only NAME,... --profile]
+# usage: bash scripts/gpu/run.sh {kernels|mixed|sweep|sweep-prefill|e2e} [e2e options: --only NAME,... --profile]
 set -uo pipefail
 source /tmp/gpu-env
 out=${OUT:-/tmp/out}
@@ -19,10 +19,14 @@ mixed)
 sweep)
   python3 scripts/gpu/sweep_decode.py --json "$out/sweep.json" 2>&1 | grep -v Warning | tee "$out/sweep.txt"
   ;;
+sweep-prefill)
+  python3 scripts/gpu/sweep_prefill.py --json "$out/sweep-prefill.json" 2>&1 | grep -v Warning \
+    | tee "$out/sweep-prefill.txt"
+  ;;
 e2e)
   shift
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
   python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e" "$@" 2>&1 | tee "$out/e2e.txt"
   ;;
-*) echo "usage: run.sh kernels|mixed|sweep|e2e" >&2; exit 2 ;;
+*) echo "usage: run.sh kernels|mixed|sweep|sweep-prefill|e2e" >&2; exit 2 ;;
 esac

@@ -1,0 +1,114 @@
+"""Prefill / mixed-batch tile sweep on the GPU: which tile shape a batch with long queries wants.
+
+For each case of bench_mixed.py (serving-shaped mixed steps, prefills, a chunked prefill; Llama-3-8B
+attention shapes, bf16, fragmented slots) this times Proxima's kernels replayed from a CUDA graph
+for every tile shape in the grid below (query rows, KV tile, warps, pipeline stages), each with
+the split count the planner gives that shape, forced through the launcher's own launch plan, next
+to FlashAttention 3 replayed the same way. It prints per case what `slot_attention_triton` picks
+itself (`choose_launch_shape`, with vLLM's host hints) and its time, the best shape, and each
+shape's time, registers and spills. Each forced launch is checked against FA3.
+
+usage: python scripts/gpu/sweep_prefill.py [--json OUT]   (needs CUDA and vLLM 0.26)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from bench_mixed import MIXED, SCALE, build, kernels  # scripts/gpu/bench_mixed.py
+from sweep_decode import replay_us  # scripts/gpu/sweep_decode.py
+
+from proxima.engine.attention import triton_attention
+from proxima.engine.attention.planning import TileConfig, num_sms
+from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan, choose_launch_shape
+
+SHAPES = [TileConfig(m, n, w, s) for m in (64, 128) for n in (32, 64, 128)
+          for w, s in ((4, 2), (4, 3), (8, 2), (8, 3))]
+
+
+def launch_shape(b, tiles: TileConfig | None) -> tuple[TileConfig, int]:
+    """The planner's (tiles, splits) for this batch with vLLM's hints; ``tiles`` forces the shape."""
+    k_rows = b.rows[:, :, : b.q.shape[2]]
+    args = (b.q, k_rows, b.slot_table, b.cu_q, b.max_q, b.max_seq)
+    if tiles is None:
+        return choose_launch_shape(*args)
+    real = triton_attention.choose_tiles
+    triton_attention.choose_tiles = lambda *_: tiles
+    try:
+        return choose_launch_shape(*args)
+    finally:
+        triton_attention.choose_tiles = real
+
+
+def forced(b, out, tiles: TileConfig, splits: int):
+    d = b.q.shape[2]
+    plan = _launch_plan(b.q, b.rows[:, :, :d], b.rows[:, :, d:], b.slot_table, b.cu_q, b.seq_lens, SCALE, out,
+                        b.q.shape[0], tiles, splits)
+
+    def run():
+        for launch, grid, args, key, options in plan:
+            launch(grid, args, key, **options)
+
+    return run, plan[0][3]
+
+
+def sweep_case(name: str, requests: list[tuple[int, int]], seed: int) -> dict:
+    b = build(requests, seed)
+    out = {k: torch.empty_like(b.q) for k in ("proxima", "fa3", "triton")}
+    launches = kernels(b, out)
+    result = {"case": name, "fa3_us": replay_us(launches["fa3"][1]), "runs": []}
+    for shape in SHAPES:
+        tiles, splits = launch_shape(b, shape)
+        entry = {"block_m": tiles.block_m, "block_n": tiles.block_n, "warps": tiles.num_warps,
+                 "stages": tiles.num_stages, "splits": splits}
+        try:
+            run, key = forced(b, out["proxima"], tiles, splits)
+            entry["us"] = replay_us(run)
+            entry["max_abs_diff"] = float((out["proxima"].float() - out["fa3"].float()).abs().max())
+        except Exception as err:  # e.g. a shape that does not fit shared memory
+            entry["error"] = f"{type(err).__name__}: {err}"[:160]
+        else:
+            kernel = _launch_attention._compiled.get(key)
+            entry["regs"] = getattr(kernel, "n_regs", None)
+            entry["spills"] = getattr(kernel, "n_spills", None)
+        result["runs"].append(entry)
+    tiles, splits = launch_shape(b, None)
+    run, _ = forced(b, out["proxima"], tiles, splits)
+    result["current"] = {"block_m": tiles.block_m, "block_n": tiles.block_n, "warps": tiles.num_warps,
+                         "stages": tiles.num_stages, "splits": splits, "us": replay_us(run)}
+    return result
+
+
+def shape_name(x: dict) -> str:
+    return f"m{x['block_m']} n{x['block_n']} w{x['warps']} s{x['stages']} x{x['splits']}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    print(f"device {torch.cuda.get_device_name()}, {num_sms(torch.device('cuda'))} SMs; CUDA-graph replay, us")
+    results = []
+    for seed, (name, requests) in enumerate(MIXED.items()):
+        r = sweep_case(name, requests, seed)
+        results.append(r)
+        ok = [x for x in r["runs"] if "us" in x]
+        best = min(ok, key=lambda x: x["us"])
+        cur = r["current"]
+        print(f"{name}: FA3 {r['fa3_us']:.1f} | current {shape_name(cur)} {cur['us']:.1f} "
+              f"({cur['us'] / r['fa3_us']:.2f}x FA3) | best {shape_name(best)} {best['us']:.1f} "
+              f"({best['us'] / r['fa3_us']:.2f}x FA3) | max diff {max(x['max_abs_diff'] for x in ok):.4f}")
+        for x in r["runs"]:
+            detail = (f"{x['us']:8.1f} us; regs {x['regs']} spills {x['spills']}" if "us" in x
+                      else f"error {x['error']}")
+            print(f"      {shape_name(x)}: {detail}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
