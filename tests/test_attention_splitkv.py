@@ -229,6 +229,22 @@ def test_longest_context_prefers_hint_and_bounds_it_by_the_table(kernels, force)
     assert [tiles for _, tiles in calls] == [math.ceil(n / KV_TILE) for n in (width, 40, width)]
 
 
+def test_forced_tiles_get_the_planners_split_count_for_that_shape(kernels, monkeypatch) -> None:
+    """The GPU sweeps time shapes through choose_launch_shape(tiles=...): the shape is kept, and
+    the split count is the one the planner would give a call that chose that shape itself."""
+    monkeypatch.setattr(kernels, "num_sms", lambda device: 16)  # a GPU small enough to split for
+    b = make_batch(DECODES, 4, 2, 32, seed=6)
+    args = (b.query, b.k_cache, b.slot_table, b.query_start_loc, 1, None)
+    own_tiles, own_splits = kernels.choose_launch_shape(*args)
+    assert kernels.choose_launch_shape(*args, tiles=own_tiles) == (own_tiles, own_splits)
+    forced = TileConfig(block_m=16, block_n=KV_TILE)
+    assert forced != own_tiles
+    tiles, splits = kernels.choose_launch_shape(*args, tiles=forced)
+    assert tiles == forced and splits > own_splits  # smaller KV tiles: more of them to split
+    monkeypatch.setattr(kernels, "choose_tiles", lambda *_: forced)  # the planner's own pick, now
+    assert kernels.choose_launch_shape(*args) == (forced, splits)
+
+
 # ---------------------------------------------------------------------------------------------
 # the split-count rule (pure function)
 

@@ -139,6 +139,19 @@ def gpu_us(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
 
 
+def graph_us(fn, warmup: int = 25, rep: int = 200) -> float:
+    """GPU time of ``fn`` replayed from a CUDA graph (how vLLM runs decode steps), median us.
+
+    One eager call first compiles and warms up outside the capture, as vLLM does before it
+    captures a size."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="median") * 1e3
+
+
 def host_us(fn, n: int = 200) -> float:
     """Host time to enqueue ``fn`` once: the GPU is left to trail behind the loop."""
     fn()
@@ -182,13 +195,8 @@ def graph_case(batch: int, ctx: int) -> dict:
     result = {"batch": batch, "context": ctx}
     for kname, (_, attend) in kernels(b, out, graph_safe=True).items():
         try:
-            attend()  # compile / warm up outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                attend()
+            result[f"{kname}_graph_us"] = graph_us(attend)
             result[f"{kname}_eager_us"] = gpu_us(attend)
-            result[f"{kname}_graph_us"] = gpu_us(graph.replay)
         except Exception as err:
             result[f"{kname}_error"] = f"{type(err).__name__}: {err}"[:200]
     result["max_abs_diff"] = float((out["proxima"].float() - out["fa3"].float()).abs().max())

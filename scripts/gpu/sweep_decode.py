@@ -17,12 +17,12 @@ import argparse
 import dataclasses
 import itertools
 import json
+from collections.abc import Callable, Iterable
 
 import torch
 import triton
-import triton.testing
 
-from bench_mixed import SCALE, build, kernels  # scripts/gpu/bench_mixed.py
+from bench_mixed import SCALE, build, graph_us, kernels  # scripts/gpu/bench_mixed.py
 
 from proxima.engine.attention.planning import TileConfig, num_sms
 from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan, choose_launch_shape
@@ -34,24 +34,38 @@ SPLITS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 64)
 
 
 def replay_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=40, return_mode="median") * 1e3
+    # Short timings: a sweep replays hundreds of launch shapes.
+    return graph_us(fn, warmup=10, rep=40)
 
 
 def forced(b, out, tiles: TileConfig, splits: int):
-    k_rows, v_rows = b.rows[:, :, : b.q.shape[2]], b.rows[:, :, b.q.shape[2]:]
-    plan = _launch_plan(b.q, k_rows, v_rows, b.slot_table, b.cu_q, b.seq_lens, SCALE, out, b.q.shape[0],
-                        tiles, splits)
+    """A launch of Proxima's kernels on batch ``b`` with this shape, through the launcher's own
+    plan; returns it and the main kernel's compile key."""
+    d = b.q.shape[2]
+    plan = _launch_plan(b.q, b.rows[:, :, :d], b.rows[:, :, d:], b.slot_table, b.cu_q, b.seq_lens, SCALE, out,
+                        b.q.shape[0], tiles, splits)
 
     def run():
         for launch, grid, args, key, options in plan:
             launch(grid, args, key, **options)
 
     return run, plan[0][3]
+
+
+def sweep_cli(cases: Iterable[tuple], sweep: Callable[..., dict], report: Callable[[dict], None]) -> None:
+    """The sweeps' command line (``--json OUT``): the device, then ``report(sweep(*case))`` per case
+    as each finishes, and every result to OUT."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    print(f"device {torch.cuda.get_device_name()}, {num_sms(torch.device('cuda'))} SMs; CUDA-graph replay, us")
+    results = []
+    for case in cases:
+        results.append(sweep(*case))
+        report(results[-1])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 def sweep_point(batch: int, ctx: int) -> dict:
@@ -82,38 +96,27 @@ def sweep_point(batch: int, ctx: int) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    print(f"device {torch.cuda.get_device_name()}, {num_sms(torch.device('cuda'))} SMs; CUDA-graph replay, us")
-    results = []
-    for batch, ctx in POINTS:
-        r = sweep_point(batch, ctx)
-        results.append(r)
-        ok = [x for x in r["runs"] if "us" in x]
-        best = min(ok, key=lambda x: x["us"])
-        cur = r["current"]
-        worst_diff = max(x["max_abs_diff"] for x in ok)
-        print(f"{batch:>4} x {ctx:>6}: FA3 {r['fa3_us']:7.1f} | current n{cur['block_n']} w{cur['warps']} "
-              f"s{cur['stages']} x{cur['splits']} {cur['us']:7.1f} | best n{best['block_n']} "
-              f"w{best['warps']} s{best['stages']} x{best['splits']} {best['us']:7.1f} "
-              f"({best['us'] / r['fa3_us']:.2f}x FA3) | max diff {worst_diff:.4f}")
-        # Per shape: its best split count.
-        for shape in sorted({(x["block_n"], x["warps"], x["stages"]) for x in ok}):
-            runs = [x for x in ok if (x["block_n"], x["warps"], x["stages"]) == shape]
-            top = min(runs, key=lambda x: x["us"])
-            print(f"      n{shape[0]:<3} w{shape[1]} s{shape[2]}: best x{top['splits']:<2} {top['us']:7.1f} us "
-                  f"(unsplit {next((x['us'] for x in runs if x['splits'] == 1), float('nan')):7.1f}); "
-                  f"regs {top['regs']} spills {top['spills']}")
-        for x in r["runs"]:
-            if "error" in x:
-                print(f"      error {x['tiles']} x{x['splits']}: {x['error']}")
-                break
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+def report_point(r: dict) -> None:
+    ok = [x for x in r["runs"] if "us" in x]
+    best = min(ok, key=lambda x: x["us"])
+    cur = r["current"]
+    worst_diff = max(x["max_abs_diff"] for x in ok)
+    print(f"{r['batch']:>4} x {r['context']:>6}: FA3 {r['fa3_us']:7.1f} | current n{cur['block_n']} w{cur['warps']} "
+          f"s{cur['stages']} x{cur['splits']} {cur['us']:7.1f} | best n{best['block_n']} "
+          f"w{best['warps']} s{best['stages']} x{best['splits']} {best['us']:7.1f} "
+          f"({best['us'] / r['fa3_us']:.2f}x FA3) | max diff {worst_diff:.4f}")
+    # Per shape: its best split count.
+    for shape in sorted({(x["block_n"], x["warps"], x["stages"]) for x in ok}):
+        runs = [x for x in ok if (x["block_n"], x["warps"], x["stages"]) == shape]
+        top = min(runs, key=lambda x: x["us"])
+        print(f"      n{shape[0]:<3} w{shape[1]} s{shape[2]}: best x{top['splits']:<2} {top['us']:7.1f} us "
+              f"(unsplit {next((x['us'] for x in runs if x['splits'] == 1), float('nan')):7.1f}); "
+              f"regs {top['regs']} spills {top['spills']}")
+    for x in r["runs"]:
+        if "error" in x:
+            print(f"      error {x['tiles']} x{x['splits']}: {x['error']}")
+            break
 
 
 if __name__ == "__main__":
-    main()
+    sweep_cli(POINTS, sweep_point, report_point)

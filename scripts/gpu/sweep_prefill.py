@@ -13,17 +13,13 @@ usage: python scripts/gpu/sweep_prefill.py [--json OUT]   (needs CUDA and vLLM 0
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import torch
 
-from bench_mixed import MIXED, SCALE, build, kernels  # scripts/gpu/bench_mixed.py
-from sweep_decode import replay_us  # scripts/gpu/sweep_decode.py
+from bench_mixed import MIXED, build, kernels  # scripts/gpu/bench_mixed.py
+from sweep_decode import forced, replay_us, sweep_cli  # scripts/gpu/sweep_decode.py
 
-from proxima.engine.attention import triton_attention
-from proxima.engine.attention.planning import TileConfig, num_sms
-from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan, choose_launch_shape
+from proxima.engine.attention.planning import TileConfig
+from proxima.engine.attention.triton_attention import _launch_attention, choose_launch_shape
 
 SHAPES = [TileConfig(m, n, w, s) for m in (64, 128) for n in (32, 64, 128)
           for w, s in ((4, 2), (4, 3), (8, 2), (8, 3))]
@@ -31,28 +27,8 @@ SHAPES = [TileConfig(m, n, w, s) for m in (64, 128) for n in (32, 64, 128)
 
 def launch_shape(b, tiles: TileConfig | None) -> tuple[TileConfig, int]:
     """The planner's (tiles, splits) for this batch with vLLM's hints; ``tiles`` forces the shape."""
-    k_rows = b.rows[:, :, : b.q.shape[2]]
-    args = (b.q, k_rows, b.slot_table, b.cu_q, b.max_q, b.max_seq)
-    if tiles is None:
-        return choose_launch_shape(*args)
-    real = triton_attention.choose_tiles
-    triton_attention.choose_tiles = lambda *_: tiles
-    try:
-        return choose_launch_shape(*args)
-    finally:
-        triton_attention.choose_tiles = real
-
-
-def forced(b, out, tiles: TileConfig, splits: int):
-    d = b.q.shape[2]
-    plan = _launch_plan(b.q, b.rows[:, :, :d], b.rows[:, :, d:], b.slot_table, b.cu_q, b.seq_lens, SCALE, out,
-                        b.q.shape[0], tiles, splits)
-
-    def run():
-        for launch, grid, args, key, options in plan:
-            launch(grid, args, key, **options)
-
-    return run, plan[0][3]
+    return choose_launch_shape(b.q, b.rows[:, :, : b.q.shape[2]], b.slot_table, b.cu_q, b.max_q, b.max_seq,
+                               tiles=tiles)
 
 
 def sweep_case(name: str, requests: list[tuple[int, int]], seed: int) -> dict:
@@ -86,29 +62,19 @@ def shape_name(x: dict) -> str:
     return f"m{x['block_m']} n{x['block_n']} w{x['warps']} s{x['stages']} x{x['splits']}"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    print(f"device {torch.cuda.get_device_name()}, {num_sms(torch.device('cuda'))} SMs; CUDA-graph replay, us")
-    results = []
-    for seed, (name, requests) in enumerate(MIXED.items()):
-        r = sweep_case(name, requests, seed)
-        results.append(r)
-        ok = [x for x in r["runs"] if "us" in x]
-        best = min(ok, key=lambda x: x["us"])
-        cur = r["current"]
-        print(f"{name}: FA3 {r['fa3_us']:.1f} | current {shape_name(cur)} {cur['us']:.1f} "
-              f"({cur['us'] / r['fa3_us']:.2f}x FA3) | best {shape_name(best)} {best['us']:.1f} "
-              f"({best['us'] / r['fa3_us']:.2f}x FA3) | max diff {max(x['max_abs_diff'] for x in ok):.4f}")
-        for x in r["runs"]:
-            detail = (f"{x['us']:8.1f} us; regs {x['regs']} spills {x['spills']}" if "us" in x
-                      else f"error {x['error']}")
-            print(f"      {shape_name(x)}: {detail}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+def report_case(r: dict) -> None:
+    ok = [x for x in r["runs"] if "us" in x]
+    best = min(ok, key=lambda x: x["us"])
+    cur = r["current"]
+    print(f"{r['case']}: FA3 {r['fa3_us']:.1f} | current {shape_name(cur)} {cur['us']:.1f} "
+          f"({cur['us'] / r['fa3_us']:.2f}x FA3) | best {shape_name(best)} {best['us']:.1f} "
+          f"({best['us'] / r['fa3_us']:.2f}x FA3) | max diff {max(x['max_abs_diff'] for x in ok):.4f}")
+    for x in r["runs"]:
+        detail = (f"{x['us']:8.1f} us; regs {x['regs']} spills {x['spills']}" if "us" in x
+                  else f"error {x['error']}")
+        print(f"      {shape_name(x)}: {detail}")
 
 
 if __name__ == "__main__":
-    main()
+    sweep_cli(((name, requests, seed) for seed, (name, requests) in enumerate(MIXED.items())),
+              sweep_case, report_case)

@@ -333,15 +333,19 @@ def slot_attention_triton(
 
 def choose_launch_shape(
     query: Tensor, k_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
-    max_query_len: int | None, max_seq_len: int | None,
+    max_query_len: int | None, max_seq_len: int | None, tiles: TileConfig | None = None,
 ) -> tuple[TileConfig, int]:
-    """Tile shape and split-KV count of a `slot_attention_triton` call with these arguments."""
+    """Tile shape and split-KV count of a `slot_attention_triton` call with these arguments.
+
+    ``tiles`` forces the shape (the GPU sweeps time shapes the planner would not pick), leaving the
+    split count to the planner."""
     num_tokens, num_query_heads, head_size = query.shape
     num_kv_heads = k_cache.shape[1]
     num_requests = query_start_loc.shape[0] - 1
     group = num_query_heads // num_kv_heads
-    tiles = choose_tiles(num_tokens, num_requests, group, _head_size_pad(head_size), query.dtype.itemsize,
-                         max_query_len)
+    if tiles is None:
+        tiles = choose_tiles(num_tokens, num_requests, group, _head_size_pad(head_size), query.dtype.itemsize,
+                             max_query_len)
     # Real tiles number at most T (each holds a token): the tighter estimate for a decode batch.
     num_tiles = _grid_tiles(num_tokens, num_requests, tiles.block_m // group)
     num_splits = choose_num_splits(min(num_tiles, num_tokens) * num_kv_heads,
