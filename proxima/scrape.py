@@ -87,6 +87,7 @@ class KVSnapshot:
     requests_holding_slots: float
     preemptions_total: float
     allocator_latency: dict[str, HistogramSnapshot] = field(default_factory=dict)
+    engines: tuple[str, ...] = ()  # engine labels of the schedulers that export these metrics
 
     @property
     def slot_usage(self) -> float:
@@ -267,6 +268,7 @@ def _parse_proxima(s: _Samples, engine: str | None) -> KVSnapshot | None:
         allocator_latency={
             op: s.histogram(c.ALLOCATOR_LATENCY.name, engine, op=op) for op in c.ALLOCATOR_OPS
         },
+        engines=tuple(sorted({lab.get("engine", "") for lab in info})),
     )
 
 

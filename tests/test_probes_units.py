@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from proxima.probes import runner
@@ -134,6 +135,17 @@ vllm:prefix_cache_hits_total{engine="0"} 25.0
     assert snap.process_rss_bytes is None
     assert snap.block_size == 16 and snap.config_float("block_size") == 16.0
     assert snap.config_int("num_cpu_blocks") is None  # "None" is left out as noise
+
+
+def test_proxima_snapshot_names_the_engines_that_export_it():
+    text = (Path(__file__).parent / "data" / "top" / "proxima_metrics.txt").read_text()
+    info = 'proxima_allocator_info{allocator="token",block_size="1",engine="0"} 1.0'
+    assert info in text
+    assert parse_metrics(text).proxima.engines == ("0",)
+    two = text.replace(info, info + "\n" + info.replace('engine="0"', 'engine="1"'))
+    assert parse_metrics(two).proxima.engines == ("0", "1")
+    assert parse_metrics(two, engine="1").proxima.engines == ("1",)
+    assert parse_metrics(text.replace(info, "")).proxima is None  # stock vLLM: no Proxima engines
 
 
 def test_local_versions_find_vllm_under_either_distribution_name():

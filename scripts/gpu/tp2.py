@@ -137,9 +137,7 @@ def check_metrics(url: str, model: str) -> dict:
             "cache_bytes": k.cache_bytes, "allocate_calls": k.allocator_latency.get("allocate").count
             if k.allocator_latency.get("allocate") else 0}
 
-    raw = httpx.get(f"{url}/metrics", timeout=10).text
-    engines = sorted({line.split('engine="')[1].split('"')[0] for line in raw.splitlines()
-                      if line.startswith("proxima_") and 'engine="' in line})
+    engines = list(after.proxima.engines) if after.proxima else []
     return {"engines": engines, "before": kv(before), "during": [kv(s) for s in snaps if s.proxima],
             "after": kv(after), "vllm_kv_usage_after": after.kv_usage, "running_after": after.running}
 
