@@ -56,8 +56,8 @@ def _history(ctx: ProbeContext, current: ServerSnapshot) -> tuple[ServerSnapshot
     if base is not None and base.prompt_tokens_per_request.count:
         return base, f"{base.prompt_tokens_per_request.count:.0f} request(s) finished before the doctor ran"
     if current.prompt_tokens_per_request.count:
-        return current, (f"{current.prompt_tokens_per_request.count:.0f} finished request(s), the doctor's own "
-                         "test traffic included (no earlier traffic): rerun under real traffic")
+        return current, (f"{current.prompt_tokens_per_request.count:.0f} finished request(s), the doctor's "
+                         "own test traffic included (no earlier traffic): rerun under real traffic")
     return None
 
 

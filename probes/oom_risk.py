@@ -92,7 +92,8 @@ def kv_capacity_tokens(snapshot: ServerSnapshot) -> int | None:
 def kv_bytes_per_token(snapshot: ServerSnapshot) -> float | None:
     if snapshot.proxima is not None and snapshot.proxima.bytes_per_token:
         return snapshot.proxima.bytes_per_token
-    size, tokens = snapshot.config_float("kv_cache_memory_bytes"), snapshot.config_float("kv_cache_size_tokens")
+    size = snapshot.config_float("kv_cache_memory_bytes")
+    tokens = snapshot.config_float("kv_cache_size_tokens")
     return size / tokens if size and tokens else None
 
 

@@ -275,7 +275,8 @@ def _parse_proxima(s: _Samples, engine: str | None) -> KVSnapshot | None:
 def _cache_config(rows: list[dict[str, str]]) -> dict[str, str]:
     """vllm:cache_config_info's labels (every engine has the same), unset and bookkeeping ones left out."""
     return {k: value for k, value in (rows[0] if rows else {}).items()
-            if k not in _CONFIG_NOISE and not k.startswith(_CONFIG_HIDDEN_PREFIXES) and value not in _CONFIG_NOISE}
+            if k not in _CONFIG_NOISE and not k.startswith(_CONFIG_HIDDEN_PREFIXES)
+            and value not in _CONFIG_NOISE}
 
 
 def _as_float(value: str | None) -> float | None:

@@ -23,7 +23,8 @@ def seq(tokens: str, top2: list[list[float]]) -> dict:
 
 def test_compare_greedy_counts_equal_sequences_and_reports_the_gap_where_one_diverges() -> None:
     ref = [seq("abc", [[-1.0, -2.0], [-0.5, -0.6], [-0.1, -3.0]]), seq("xy", [[-1.0, -1.5], [-2.0, -2.0]])]
-    ours = [seq("abc", [[-1.0 + 3e-5, -2.0], [-0.5, -0.6], [-0.1, -3.0]]), seq("xz", [[-1.0, -1.5], [-2.0, -2.0]])]
+    ours = [seq("abc", [[-1.0 + 3e-5, -2.0], [-0.5, -0.6], [-0.1, -3.0]]),
+            seq("xz", [[-1.0, -1.5], [-2.0, -2.0]])]
     same, max_diff, notes = tp2.compare_greedy(ours, ref)
     assert same == 1
     assert max_diff == pytest.approx(3e-5)

@@ -44,7 +44,8 @@ def test_cpu_and_the_stock_allocator_keep_vllms_defaults(allocator, cuda):
 @pytest.mark.parametrize("value", ["fast", "-1", "nan", "61"])
 def test_a_bad_telemetry_interval_is_refused_with_the_fix(monkeypatch, value):
     monkeypatch.setenv("PROXIMA_TELEMETRY_INTERVAL_S", value)
-    with pytest.raises(ProximaConfigError, match="PROXIMA_TELEMETRY_INTERVAL_S=.* is not a number of seconds"):
+    with pytest.raises(ProximaConfigError,
+                       match="PROXIMA_TELEMETRY_INTERVAL_S=.* is not a number of seconds"):
         build_serve_command("m", "token", [], cuda=False)
 
 

@@ -337,7 +337,8 @@ def summarize_throughput(res: dict) -> None:
                 j = r[job]
                 extra = ""
                 if j.get("recorded_steps"):
-                    extra = (f"  [telemetry: {j['recorded_steps']} publishes, requests mean {j['requests_mean']:.1f} "
+                    extra = (f"  [telemetry: {j['recorded_steps']} publishes, "
+                             f"requests mean {j['requests_mean']:.1f} "
                              f"peak {j['requests_peak']}, slot efficiency {j['slot_efficiency']:.3f}]")
                 print(f"{job:>6} {name:<16} tok/s {j['output_tok_s']:>9.0f}  running mean {j['running_mean']:>6.1f} "
                       f"peak {j['running_peak']:>4}  preemptions {j['preemptions']:>5}  wall {j['wall_s']:.1f}s "

@@ -20,14 +20,15 @@ from sweep_decode import forced, replay_us  # scripts/gpu/sweep_decode.py
 
 from proxima.engine.attention.planning import TileConfig
 
-SHAPES = [TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3), TileConfig(128, 64, 4, 3), TileConfig(64, 32, 4, 3)]
+SHAPES = [TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3), TileConfig(128, 64, 4, 3),
+          TileConfig(64, 32, 4, 3)]
 CASES = ("prefill 1 x 4096", "chunked prefill 2048 over 6144", "prefill 16 x 256",
          "ample: 200 decodes + 1 prefill of 300")
 
 
 def main() -> None:
-    print(subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu",
-                          "--format=csv"], capture_output=True, text=True).stdout)
+    query = "--query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu"
+    print(subprocess.run(["nvidia-smi", query, "--format=csv"], capture_output=True, text=True).stdout)
     for name in CASES:
         b = build(MIXED[name], 3)
         out = {k: torch.empty_like(b.q) for k in ("proxima", "fa3", "triton")}

@@ -58,7 +58,8 @@ def sweep_cli(cases: Iterable[tuple], sweep: Callable[..., dict], report: Callab
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    print(f"device {torch.cuda.get_device_name()}, {num_sms(torch.device('cuda'))} SMs; CUDA-graph replay, us")
+    sms = num_sms(torch.device("cuda"))
+    print(f"device {torch.cuda.get_device_name()}, {sms} SMs; CUDA-graph replay, us")
     results = []
     for case in cases:
         results.append(sweep(*case))
@@ -101,8 +102,8 @@ def report_point(r: dict) -> None:
     best = min(ok, key=lambda x: x["us"])
     cur = r["current"]
     worst_diff = max(x["max_abs_diff"] for x in ok)
-    print(f"{r['batch']:>4} x {r['context']:>6}: FA3 {r['fa3_us']:7.1f} | current n{cur['block_n']} w{cur['warps']} "
-          f"s{cur['stages']} x{cur['splits']} {cur['us']:7.1f} | best n{best['block_n']} "
+    print(f"{r['batch']:>4} x {r['context']:>6}: FA3 {r['fa3_us']:7.1f} | current n{cur['block_n']} "
+          f"w{cur['warps']} s{cur['stages']} x{cur['splits']} {cur['us']:7.1f} | best n{best['block_n']} "
           f"w{best['warps']} s{best['stages']} x{best['splits']} {best['us']:7.1f} "
           f"({best['us'] / r['fa3_us']:.2f}x FA3) | max diff {worst_diff:.4f}")
     # Per shape: its best split count.

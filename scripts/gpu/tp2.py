@@ -167,8 +167,8 @@ def report(results: dict) -> int:
         print(f"FAIL  Proxima server: {proxima['error'][-600:]}")
         return 1
     if "greedy" not in proxima:
-        print("this tp2.json predates the token comparison (it holds texts only): run tp2.py again to check it",
-              file=sys.stderr)
+        print("this tp2.json predates the token comparison (it holds texts only): run tp2.py again to "
+              "check it", file=sys.stderr)
         return 2
 
     checks: list[tuple[str, bool, str]] = []

@@ -62,7 +62,7 @@ def choose_tiles(
     block_m = max(16 if decode_only else 64, triton.next_power_of_2(group))
     if block_m == 16:  # decode with GQA groups up to 16: the sweep's shape (docstring)
         block_n, num_stages, budget = 128, 3, DECODE_KV_STAGE_BUDGET_BYTES
-    else:  # 2 stages won on one H200 and lost on another (docs/benchmarks.md, prefill tile shape)
+    else:  # 2 stages won on one H200 and lost on two others (docs/benchmarks.md, prefill tile shape)
         block_n, num_stages, budget = 64, 3, KV_STAGE_BUDGET_BYTES
 
     def stage_bytes() -> int:

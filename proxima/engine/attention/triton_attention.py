@@ -64,6 +64,9 @@ from proxima.engine.attention.planning import (
 )
 
 _LOG2_E = 1.4426950408889634
+# Arguments the attention kernels are not specialised on, so that no batch size, row limit or
+# split count compiles a new variant (the m/l workspace strides are Hq*S and S).
+_UNSPECIALIZED = ("num_requests", "num_actual_tokens", "num_splits", "stride_ml_t", "stride_ml_h")
 
 # Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -166,8 +169,7 @@ def _attend_kv_tiles(
     return acc, l_i, m_i
 
 
-# The m/l workspace strides are Hq*S and S: not specialised on, so no split count compiles anew.
-@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens", "num_splits", "stride_ml_t", "stride_ml_h"])
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _slot_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
     acc_ws_ptr, m_ws_ptr, l_ws_ptr,
@@ -240,8 +242,7 @@ def _slot_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-# The m/l workspace strides are Hq*S and S: not specialised on, so no split count compiles anew.
-@triton.jit(do_not_specialize=["num_requests", "num_actual_tokens", "num_splits", "stride_ml_t", "stride_ml_h"])
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _merge_splits_kernel(
     acc_ws_ptr, m_ws_ptr, l_ws_ptr, out_ptr, query_start_loc_ptr,
     num_requests, num_actual_tokens, num_splits,
@@ -419,7 +420,8 @@ def _launch_plan(
         num_warps = 4 if splits_pad * head_size_pad <= 8192 else 8
         plan.append((_launch_merge, (num_tokens, num_query_heads, 1),
                      (*tensors, num_requests, row_limit, num_splits, *ws_strides, *strides, *constexprs),
-                     (query.device.index, tensor_key(tensors), ws_strides[:3], strides, constexprs, num_warps),
+                     (query.device.index, tensor_key(tensors), ws_strides[:3], strides, constexprs,
+                      num_warps),
                      {"num_warps": num_warps}))
     return plan
 
@@ -442,6 +444,12 @@ def compile_attention_variants(
     num_tokens, num_query_heads, head_size = query.shape
     group = num_query_heads // k_cache.shape[1]
     head_size_pad = _head_size_pad(head_size)
+
+    def plan(tiles: TileConfig, num_splits: int):
+        # A one-token call: variants depend on dtypes, alignment, strides and constexprs, not sizes.
+        return _launch_plan(query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0,
+                            output[:1], 1, tiles, num_splits)
+
     max_splits = 1
     count = 0
     for max_query_len in (1, 2):  # decode-only tiles, then prefill tiles
@@ -450,19 +458,13 @@ def compile_attention_variants(
         kv_tiles = triton.cdiv(slot_table.shape[1], tiles.block_n)
         max_splits = max(max_splits, min(MAX_SPLITS, kv_tiles))
         for num_splits in (1, 2):  # every split count > 1 shares one main-kernel variant
-            for launch, grid, args, key, options in _launch_plan(
-                query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0, output[:1],
-                1, tiles, num_splits,
-            ):
+            for launch, grid, args, key, options in plan(tiles, num_splits):
                 count += launch.compile(grid, args, key, **options)
     # The merge kernel is compiled per padded split count (a constexpr).
     tiles = choose_tiles(1, 1, group, head_size_pad, query.dtype.itemsize, 1)
     splits = 4
     while splits <= triton.next_power_of_2(max_splits):
-        _, (launch, grid, args, key, options) = _launch_plan(
-            query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0, output[:1],
-            1, tiles, splits,
-        )
+        _, (launch, grid, args, key, options) = plan(tiles, splits)
         count += launch.compile(grid, args, key, **options)
         splits *= 2
     return count
@@ -485,7 +487,8 @@ def precompile_attention_once(
     if torch.cuda.is_current_stream_capturing():
         return False
     layout = (query.device.index, query.dtype, tuple(query.shape[1:]), query.stride(), tuple(k_cache.shape),
-              k_cache.stride(), v_cache.stride(), slot_table.stride(), tuple(output.shape[1:]), output.stride())
+              k_cache.stride(), v_cache.stride(), slot_table.stride(), tuple(output.shape[1:]),
+              output.stride())
     if layout not in _precompiled_layouts:
         start = time.perf_counter()
         count = compile_attention_variants(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens,
@@ -515,7 +518,6 @@ def _split_workspace(
     ml = buffer[acc_floats:].view(2, ml_rows)[:, :rows]
     maxes, sums = (part.view(num_tokens, num_heads, num_splits) for part in ml.unbind(0))
     return acc, maxes, sums
-
 
 
 def _dot_dtype(storage: torch.dtype) -> tl.dtype:
