@@ -127,9 +127,6 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         if block_size not in (None, 1):
             fails.append(f"token allocator with block_size={block_size}; it needs --block-size 1")
             advice.append("start through `proxima serve`, which sets --block-size 1; do not pass --block-size")
-        if snapshot.cache_config.get("enable_prefix_caching") == "True":
-            fails.append("token allocator with prefix caching on; Proxima's slots do not serve it")
-            advice.append("remove --enable-prefix-caching (proxima serve turns it off)")
 
     if fails:
         status, summary = Status.FAIL, "; ".join(fails)

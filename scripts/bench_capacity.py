@@ -1,13 +1,21 @@
-"""Capacity at a fixed KV budget: stock vLLM (block 32, block 128) against Proxima's token slots.
+"""Capacity at a fixed KV budget: stock vLLM (prefix caching on, as users run it) against Proxima.
 
-A short-chat burst (prompts of 50-200 tokens, outputs of 20-100, all submitted at once) runs on
-each engine at the same KV budget in bytes. Every scheduler step is recorded: live tokens,
-allocated slots, running requests, and the time the step's scheduling (allocation included)
-took. Each engine runs in its own process (vLLM's plugin registry is per process); stock
-allocation runs under Proxima's observing scheduler (PROXIMA_ALLOCATOR=block), which leaves
-vLLM's block manager untouched and only reads it.
+Workloads (`--workload`), all greedy, every request submitted as soon as it may be:
+  short-chat     prompts of 50-200 tokens, outputs of 20-100, one burst
+  shared-prefix  one 300-token system prompt + user turns of 20-100 tokens, outputs of 20-100,
+                 one burst (the outside measurement's chat burst)
+  multi-turn     conversations of 4 turns behind the same system prompt: each next turn resends
+                 the conversation so far (prompts and real answers) plus a new user turn, and is
+                 submitted when the previous answer is complete
+Each engine runs at the same KV budget in bytes. Every scheduler step is recorded: live tokens,
+allocated slots, running requests, the tokens scheduled (computed) and the time the step's
+scheduling took. Each engine runs in its own process (vLLM's plugin registry is per process);
+stock allocation runs under Proxima's observing scheduler (PROXIMA_ALLOCATOR=block), which
+leaves vLLM's block manager and its prefix cache untouched and only reads them. vLLM's CPU
+attention needs blocks that are multiples of 32, so stock block 16 runs on the GPU only.
 
-usage: python scripts/bench_capacity.py [--model DIR] [--requests 400] [--kv-tokens 8192] [--json OUT]
+usage: python scripts/bench_capacity.py [--workload short-chat] [--model DIR] [--requests 400]
+                                        [--kv-tokens 8192] [--json OUT]
 """
 
 from __future__ import annotations
@@ -22,16 +30,35 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = {"stock-b32": ("block", 32), "stock-b128": ("block", 128), "proxima": ("token", 1)}
+# name: (allocator, block size, prefix caching)
+VARIANTS = {"stock-b32": ("block", 32, True), "stock-b128": ("block", 128, True),
+            "proxima": ("token", 1, True), "proxima-nocache": ("token", 1, False)}
+WORKLOADS = ("short-chat", "shared-prefix", "multi-turn")
+SYSTEM_PROMPT_TOKENS = 300
+TURNS = 4
 
 
-def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 400) for _ in range(n)]
+
+
+def workload(name: str, n: int, seed: int) -> list[tuple[list[int], int]]:
+    """First requests of every conversation: (prompt token ids, output length)."""
     rng = random.Random(seed)
-    return [([rng.randrange(3, 400) for _ in range(rng.randint(50, 200))], rng.randint(20, 100))
-            for _ in range(n)]
+    if name == "short-chat":
+        return [(_ids(rng, rng.randint(50, 200)), rng.randint(20, 100)) for _ in range(n)]
+    system = _ids(random.Random(seed ^ 0x5EED), SYSTEM_PROMPT_TOKENS)
+    num_first = n if name == "shared-prefix" else -(-n // TURNS)
+    return [(system + _ids(rng, rng.randint(20, 100)), rng.randint(20, 100)) for _ in range(num_first)]
 
 
-def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_tokens: int, seed: int) -> dict:
+def next_turn(rng: random.Random, conversation: list[int], answer: list[int]) -> tuple[list[int], int]:
+    return conversation + answer + _ids(rng, rng.randint(20, 100)), rng.randint(20, 100)
+
+
+def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_tokens: int,
+               seed: int) -> dict:
+    allocator, block_size, prefix_caching = VARIANTS[variant]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["PROXIMA_ALLOCATOR"] = allocator
     # Every figure below is per scheduler step: publish the KV telemetry on every step.
@@ -41,7 +68,7 @@ def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_to
 
     llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=seed,
               block_size=block_size, kv_cache_memory_bytes=kv_tokens * 1024,
-              max_num_seqs=512, max_num_batched_tokens=2048, enable_prefix_caching=False,
+              max_num_seqs=512, max_num_batched_tokens=2048, enable_prefix_caching=prefix_caching,
               scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
@@ -53,7 +80,8 @@ def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_to
         out = schedule(*args, **kwargs)
         elapsed = time.perf_counter() - start
         s = scheduler.last_kv_stats
-        steps.append((s.live_tokens, s.slots_used, len(scheduler.running), elapsed))
+        steps.append((s.live_tokens, s.slots_used, len(scheduler.running), elapsed,
+                      out.total_num_scheduled_tokens))
         return out
 
     preempt = scheduler._preempt_request
@@ -74,15 +102,31 @@ def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_to
             observe(op, seconds)
 
         exporter.observe_latencies = observe_latencies
-    for i, (prompt, out_len) in enumerate(workload(requests, seed)):
-        engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=prompt),
+    prompts: dict[str, list[int]] = {}
+
+    def submit(rid: str, prompt: list[int], out_len: int) -> None:
+        prompts[rid] = prompt
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt),
                            SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
-    start, output_tokens = time.perf_counter(), 0
+
+    for i, (prompt, out_len) in enumerate(workload(workload_name, requests, seed)):
+        submit(f"c{i}-t0", prompt, out_len)
+    turn_rng = random.Random(seed + 1)
+    submitted = len(prompts)
+    start, output_tokens, prompt_tokens, hit_tokens = time.perf_counter(), 0, 0, 0
     while engine.has_unfinished_requests():
         before = alloc_time[0]
         for o in engine.step():
-            if o.finished:
-                output_tokens += len(o.outputs[0].token_ids)
+            if not o.finished:
+                continue
+            answer = list(o.outputs[0].token_ids)
+            output_tokens += len(answer)
+            prompt_tokens += len(o.prompt_token_ids)
+            hit_tokens += o.num_cached_tokens or 0
+            conv, _, turn = o.request_id.rpartition("-t")
+            if workload_name == "multi-turn" and int(turn) + 1 < TURNS and submitted < requests:
+                submit(f"{conv}-t{int(turn) + 1}", *next_turn(turn_rng, prompts[o.request_id], answer))
+                submitted += 1
         if allocator == "token":
             alloc_per_step.append(alloc_time[0] - before)
     wall = time.perf_counter() - start
@@ -90,11 +134,14 @@ def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_to
     busy = arr[arr[:, 1] > 0]
     step_times = arr[:, 3]
     result = {
-        "allocator": allocator, "block_size": block_size, "requests": requests,
+        "variant": variant, "workload": workload_name, "allocator": allocator,
+        "block_size": block_size, "prefix_caching": prefix_caching, "requests": submitted,
         "slots_total": scheduler.last_kv_stats.slots_total,
         "slot_efficiency_mean": float(np.mean(busy[:, 0] / busy[:, 1])),
         "running_peak": int(arr[:, 2].max()), "running_mean": float(busy[:, 2].mean()),
         "preemptions": preemptions[0], "output_tokens": output_tokens,
+        "prompt_tokens": prompt_tokens, "cache_hit_tokens": hit_tokens,
+        "tokens_computed": int(arr[:, 4].sum()),
         "output_tokens_per_s": output_tokens / wall, "wall_s": wall, "steps": len(arr),
         "schedule_ms_p50": float(np.percentile(step_times, 50) * 1e3),
         "schedule_ms_p99": float(np.percentile(step_times, 99) * 1e3),
@@ -109,6 +156,8 @@ def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_to
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model dir (default: build the tiny model)")
+    p.add_argument("--workload", choices=WORKLOADS, default="short-chat")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--kv-tokens", type=int, default=8192, help="KV budget in tokens of the tiny model")
     p.add_argument("--seed", type=int, default=0)
@@ -116,8 +165,8 @@ def main() -> None:
     p.add_argument("--child", nargs=2, metavar=("VARIANT", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        allocator, block = VARIANTS[args.child[0]]
-        res = run_engine(args.model, allocator, block, args.requests, args.kv_tokens, args.seed)
+        res = run_engine(args.model, args.child[0], args.workload, args.requests, args.kv_tokens,
+                         args.seed)
         Path(args.child[1]).write_text(json.dumps(res))
         return
     model = args.model
@@ -126,27 +175,30 @@ def main() -> None:
 
         model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny"))
     results = {}
-    for name in VARIANTS:
+    for name in args.variants.split(","):
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
             subprocess.run([sys.executable, __file__, "--model", model, "--requests", str(args.requests),
+                            "--workload", args.workload,
                             "--kv-tokens", str(args.kv_tokens), "--seed", str(args.seed),
                             "--child", name, out.name], check=True, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             results[name] = json.loads(Path(out.name).read_text())
     cols = ["slots_total", "slot_efficiency_mean", "running_peak", "running_mean", "preemptions",
-            "output_tokens_per_s", "schedule_ms_p50", "schedule_ms_p99"]
-    print(f"{'engine':<12}" + "".join(f"{c:>22}" for c in cols))
+            "prompt_tokens", "cache_hit_tokens", "tokens_computed", "output_tokens_per_s",
+            "schedule_ms_p50", "schedule_ms_p99"]
+    print(f"workload {args.workload}, {args.kv_tokens} KV token slots of the tiny model")
+    print(f"{'engine':<16}" + "".join(f"{c:>20}" for c in cols))
     for name, r in results.items():
-        print(f"{name:<12}" + "".join(f"{r[c]:>22.3f}" if isinstance(r[c], float) else f"{r[c]:>22}" for c in cols))
-    px = results["proxima"]
-    if "allocator_us_per_step_p50" in px:
+        print(f"{name:<16}" + "".join(f"{r[c]:>20.3f}" if isinstance(r[c], float) else f"{r[c]:>20}"
+                                      for c in cols))
+    px = results.get("proxima")
+    if px is not None and "allocator_us_per_step_p50" in px:
         print(f"proxima allocator time per step: p50 {px['allocator_us_per_step_p50']:.1f} us, "
               f"p99 {px['allocator_us_per_step_p99']:.1f} us")
-    for base in ("stock-b32", "stock-b128"):
+    for base in (n for n in results if n.startswith("stock") and px is not None):
         b = results[base]
-        print(f"mean running proxima/{base}: {px['running_mean'] / b['running_mean']:.2f}x "
-              f"(fragmentation bound: {1 / b['slot_efficiency_mean']:.2f}x)")
+        print(f"mean running proxima/{base}: {px['running_mean'] / b['running_mean']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -17,7 +17,16 @@ def test_token_allocator_on_cuda_serves_slot_attention_with_full_cuda_graphs():
     assert argv[argv.index("--block-size") + 1] == "1"
     assert argv[argv.index("--attention-backend") + 1] == "CUSTOM"
     assert argv[argv.index("--compilation-config") + 1] == FULL_CUDA_GRAPHS
-    assert "--no-enable-prefix-caching" in argv
+    # Prefix caching stays vLLM's default (on): token slots serve it, token-exact.
+    assert not any("prefix-caching" in a for a in argv)
+
+
+def test_prefix_caching_follows_vllms_own_flag():
+    on = build_serve_command("m", "token", [], cuda=False)
+    off = build_serve_command("m", "token", ["--no-enable-prefix-caching"], cuda=False)
+    assert "--no-enable-prefix-caching" in off.argv
+    assert any("prefix cache: on" in n for n in on.notes)
+    assert any("prefix cache: off" in n for n in off.notes)
 
 
 @pytest.mark.parametrize("flags", [

@@ -1,17 +1,25 @@
-"""vLLM's KVCacheManager interface, served by token-granular slots.
+"""vLLM's KVCacheManager interface, served by token-granular slots with a token-exact prefix cache.
 
 Layer: adapter. The scheduler calls this exactly as it calls vLLM's own `KVCacheManager`
-(admission: `allocate_slots` returning None when full; release: `free`); underneath, a
-`SlotAllocator` hands out single-token slots and a `RequestSlotTable` remembers each request's
-slots in token order. With the KV block size set to 1, a "block id" is a slot id, so the
-worker's block table is the per-token slot table the attention backend reads.
+(lookup: `get_computed_blocks`; admission: `allocate_slots` returning None when full; release:
+`free`); underneath, a `TokenSlotCache` hands out single-token slots, remembers each request's
+slots in token order and shares cached prefixes through a radix tree. With the KV block size set
+to 1, a "block id" is a slot id, so the worker's block table is the per-token slot table the
+attention backend reads, and a shared slot simply appears in several requests' tables.
 
-What it does not serve (refused at start-up by `compat.check`): prefix caching, KV connectors
+Prefix caching follows vLLM's rules at token granularity: a hit may have any length (stock
+vLLM: whole blocks), the last prompt token is always recomputed (its logits are needed),
+requests that skip the cache (prompt logprobs) never read it, and requests whose KV must not be
+shared never meet: another LoRA adapter or `cache_salt` is another tree, prompt embeddings are
+never cached, and a multimodal prompt is cached only up to its first placeholder.
+
+What it does not serve (refused at start-up by `compat.unsupported_options`): KV connectors
 (disaggregated prefill, offloading), sliding window / hybrid models, several KV cache groups.
 The methods vLLM keeps for those features answer "nothing to do".
 
-Ownership: a request's slots belong to it from `allocate_slots` until `free`; nothing else
-writes the table. Call timings go to an injected `OpTimings` log, never to a global.
+Ownership: a request's slots belong to it from `allocate_slots` until `free`; shared ones
+belong to the tree, which the request locks meanwhile. Call timings go to an injected
+`OpTimings` log, never to a global.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Hashable
 
 import numpy as np
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -26,15 +35,13 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
-from proxima.engine.slot_allocator import SlotAllocator
-from proxima.engine.slot_table import RequestSlotTable
-from proxima.metrics.catalog import ALLOCATOR_OPS
+from proxima.engine.faults import leak_per_free_from_env
+from proxima.engine.token_cache import PrefixHit, TokenSlotCache
+from proxima.metrics.catalog import ALLOCATOR_OPS, REFERENCE_BLOCK_SIZE
 
 # Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
 logger = logging.getLogger(f"vllm.{__name__}")
 
-# Test-only fault injection: leak this many slots of every freed request (doctor's leak probe).
-FAULT_LEAK_ENV = "PROXIMA_FAULT_LEAK_SLOTS"
 CHECK_ENV = "PROXIMA_CHECK_INVARIANTS"
 
 
@@ -87,11 +94,24 @@ class SlotBlocks(KVCacheBlocks):
         return SlotBlocks(self.slots[:0])
 
 
+class PrefixHitBlocks(SlotBlocks):
+    """`get_computed_blocks`' answer: the hit's slots, and the hit itself for `allocate_slots`."""
+
+    def __init__(self, hit: PrefixHit) -> None:
+        super().__init__(hit.slots)
+        self.hit = hit
+
+
 _NO_SLOTS = np.empty(0, dtype=np.int32)
 
 
 class SlotKVCacheManager:
-    """Drop-in for vllm.v1.core.kv_cache_manager.KVCacheManager (same constructor keywords)."""
+    """Drop-in for vllm.v1.core.kv_cache_manager.KVCacheManager (same constructor keywords).
+
+    `prefix_caching` is Proxima's own copy of vLLM's `--enable-prefix-caching`: the scheduler
+    clears vLLM's flag afterwards so the engine does not hash every token for a block cache that
+    does not exist, and passes the user's choice here.
+    """
 
     def __init__(
         self,
@@ -109,6 +129,7 @@ class SlotKVCacheManager:
         metrics_collector: object | None = None,
         watermark: float = 0.0,
         timings: OpTimings | None = None,
+        prefix_caching: bool | None = None,
     ) -> None:
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise ValueError(
@@ -124,31 +145,58 @@ class SlotKVCacheManager:
         self.num_kv_cache_groups = 1
         self.log_stats = log_stats
         self.use_eagle = use_eagle
-        # Prefix caching is not served by slots (compat.check switches it off with one line).
+        caching = enable_caching if prefix_caching is None else prefix_caching
+        # vLLM reads `enable_caching` to decide whether to hash blocks: there are none to hash.
         self.enable_caching = False
         self.enable_kv_cache_events = False
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
-        self.allocator = SlotAllocator(
-            kv_cache_config.num_blocks, check_invariants=os.environ.get(CHECK_ENV) == "1"
+        self.cache = TokenSlotCache(
+            kv_cache_config.num_blocks, caching=caching, reference_block=REFERENCE_BLOCK_SIZE,
+            check_invariants=os.environ.get(CHECK_ENV) == "1",
         )
-        self.table = RequestSlotTable()
+        self.allocator = self.cache.allocator
+        self.table = self.cache.table
         self.watermark_slots = int(watermark * kv_cache_config.num_blocks)
         self.timings = timings
-        self._leak_per_free = int(os.environ.get(FAULT_LEAK_ENV, "0") or 0)
+        leak = leak_per_free_from_env()
         self.num_leaked_slots = 0
+        if leak:  # a test-only fault: the hot path below stays free of it otherwise
+            self._leak_per_free = leak
+            self.free = self._free_and_leak
         self.empty_kv_cache_blocks = SlotBlocks(_NO_SLOTS)
         # vLLM reaches for these only with KV connectors, which Proxima refuses.
         self.block_pool = None
         self.coordinator = None
 
+    @property
+    def prefix_caching(self) -> bool:
+        return self.cache.caching
+
     # -- admission and allocation -------------------------------------------------------------
 
     @property
     def usage(self) -> float:
-        return self.allocator.num_used / self.allocator.num_slots
+        """Share of slots live requests reference (cached, unreferenced slots count as free)."""
+        return self.cache.num_referenced / self.cache.num_slots
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
-        return self.empty_kv_cache_blocks, 0, 0
+        """The longest cached prefix of the request's tokens, at most all but the last one."""
+        if not self.cache.caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, 0
+        namespace = _namespace(request)
+        limit = min(request.num_tokens - 1, _cacheable_length(request))
+        hit = None
+        if namespace is not None and limit > 0:
+            tokens = np.asarray(request.all_token_ids[:limit], dtype=np.int64)
+            hit = self.cache.lookup(namespace, tokens)
+        num_hit = hit.num_tokens if hit is not None else 0
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit,
+                                           preempted=request.num_preemptions > 0)
+        if hit is None:
+            return self.empty_kv_cache_blocks, 0, 0
+        return PrefixHitBlocks(hit), num_hit, 0
 
     def allocate_slots(
         self,
@@ -171,8 +219,9 @@ class SlotKVCacheManager:
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
         start = time.perf_counter()
+        cache = self.cache
         request_id = request.request_id
-        num_held = self.table.num_slots(request_id)
+        hit = new_computed_blocks.hit if isinstance(new_computed_blocks, PrefixHitBlocks) else None
         num_computed = min(
             request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens,
             self.max_model_len,
@@ -180,31 +229,38 @@ class SlotKVCacheManager:
         reserve = reserved_blocks
         if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             reserve += self.watermark_slots
-        if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            if not self.allocator.can_allocate(max(0, full - num_held), reserve):
-                return None
+        must_fit = min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else 0
         num_needed = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        num_to_allocate = max(0, num_needed - num_held)
-        if not self.allocator.can_allocate(num_to_allocate, reserve):
+        new = request_id not in self.table
+        namespace = _namespace(request) if new and cache.caching else None
+        slots = cache.allocate(request_id, num_needed, hit, reserve, namespace, must_fit)
+        if slots is None:
             return None
-        slots = self.allocator.allocate(num_to_allocate)
-        assert slots is not None  # can_allocate said they fit
-        self.table.append(request_id, slots)
+        if cache.caching and not delay_cache_blocks:
+            # Prompt tokens join the cache as soon as they are scheduled (vLLM caches a block
+            # once allocated for computation); generated ones when the request lets go.
+            cache.cache(request_id, request.all_token_ids,
+                        min(num_computed + num_new_tokens, request.num_prompt_tokens,
+                            _cacheable_length(request)))
         if self.timings is not None:
             self.timings.allocate.append(time.perf_counter() - start)
-        return SlotBlocks(slots) if num_to_allocate else self.empty_kv_cache_blocks
+        return SlotBlocks(slots) if slots.size else self.empty_kv_cache_blocks
 
     def free(self, request: Request) -> None:
         start = time.perf_counter()
-        slots = self.table.pop(request.request_id)
-        if self._leak_per_free and slots.size:
-            leaked = min(self._leak_per_free, slots.size)
-            self.num_leaked_slots += leaked
-            slots = slots[leaked:]
-        self.allocator.free(slots)
+        num_computed = min(request.num_computed_tokens, request.num_tokens,
+                           _cacheable_length(request))
+        self.cache.release(request.request_id, request.all_token_ids, num_computed)
         if self.timings is not None:
             self.timings.free.append(time.perf_counter() - start)
+
+    def _free_and_leak(self, request: Request) -> None:
+        """`free`, then lose slots on purpose (PROXIMA_FAULT_LEAK_SLOTS, tests of the leak probe)."""
+        held = request.request_id in self.table
+        SlotKVCacheManager.free(self, request)
+        if held:
+            leaked = self.allocator.allocate(min(self._leak_per_free, self.allocator.num_free))
+            self.num_leaked_slots += 0 if leaked is None else leaked.size
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -225,7 +281,10 @@ class SlotKVCacheManager:
             return self.empty_kv_cache_blocks
         raise NotImplementedError("Proxima's slot manager does not build KVCacheBlocks from blocks")
 
-    # -- features Proxima refuses at start-up: nothing to do ---------------------------------
+    def estimate_cached_tokens(self, request: Request) -> int:
+        return self.cache.num_in_tree(request.request_id)
+
+    # -- prefix cache control -----------------------------------------------------------------
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         if not self.log_stats:
@@ -233,24 +292,32 @@ class SlotKVCacheManager:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        if self.cache.caching:
+            self.cache.cache(request.request_id, request.all_token_ids,
+                             min(num_computed_tokens, request.num_tokens, _cacheable_length(request)))
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.cache.reset():
+            logger.warning("Proxima: prefix cache not reset: %d requests still hold KV slots",
+                           len(self.table))
+            return False
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self.cache.evict_slots(block_ids)
+
+    # -- features Proxima refuses at start-up: nothing to do ---------------------------------
+
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
         return None
 
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        return None
-
-    def reset_prefix_cache(self) -> bool:
-        return True
-
-    def evict_blocks(self, block_ids: set[int]) -> None:
-        return None
-
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        return [0]
-
-    def estimate_cached_tokens(self, request: Request) -> int:
-        return 0
+        return [0]  # cascade attention is off for Proxima's backend
 
     def take_events(self) -> list:
         return []
@@ -273,3 +340,18 @@ class SlotKVCacheManager:
 
     def new_step_starts(self) -> None:
         return None
+
+
+def _namespace(request: Request) -> Hashable | None:
+    """Which cache the request may share: None when its KV must never be shared."""
+    if request.prompt_embeds is not None:
+        return None  # the token ids of embedded prompts do not say what was computed
+    lora = request.lora_request.lora_int_id if request.lora_request is not None else 0
+    return (lora, request.cache_salt)
+
+
+def _cacheable_length(request: Request) -> int:
+    """Tokens that depend on the token ids alone: up to the first multimodal placeholder."""
+    if not request.mm_features:
+        return request.num_tokens
+    return min(f.mm_position.offset for f in request.mm_features)

@@ -3,10 +3,13 @@
 Layer: pure arithmetic over numpy arrays (no vLLM, no Prometheus), shared by the slot allocator
 and the stock block allocator so that both are measured by the same definitions:
 
-  live tokens           tokens whose K/V a request holds (computed, or being computed this step)
-  allocated slots       slots the allocator has given to requests
+  live tokens           tokens whose K/V live requests hold (computed, or being computed this
+                        step); a slot that k requests share through the prefix cache counts once
+  allocated slots       slots live requests reference, each once however many share it (cached
+                        slots that no request references are counted apart, as `slots_cached`)
   fragmentation ratio   (allocated - live) / allocated; 0 when nothing is allocated
   block fragmentation   the same, had each request been given whole blocks of `reference_block`
+                        (with a block-granular prefix cache sharing the full blocks it could)
 """
 
 from __future__ import annotations
@@ -14,6 +17,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheTotals:
+    """Cumulative prefix-cache counts since the engine started (exported as counters)."""
+
+    hit_tokens: int = 0
+    hit_tokens_beyond_blocks: int = 0  # hits a `reference_block`-token block cache would miss
+    evicted_tokens: int = 0
+
+    def totals(self) -> tuple[int, int, int]:
+        """In the order of `catalog.PREFIX_COUNTERS`."""
+        return self.hit_tokens, self.hit_tokens_beyond_blocks, self.evicted_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +45,7 @@ class KVStats:
     reference_block_slots: int
     occupancy: tuple[float, ...]
     largest_free_run: int
+    prefix: PrefixCacheTotals = PrefixCacheTotals()
 
     @property
     def slots_free(self) -> int:

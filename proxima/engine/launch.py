@@ -74,11 +74,10 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
     if allocator == "token":
         if not _has_flag(args, "--block-size"):
             args += ["--block-size", "1"]
-        if not _has_flag(args, "--no-enable-prefix-caching"):
-            if _has_flag(args, "--enable-prefix-caching"):
-                args = [a for a in args if not a.startswith("--enable-prefix-caching")]
-            args.append("--no-enable-prefix-caching")
-            notes.append("prefix caching is off: Proxima's token slots do not serve it")
+        if _has_flag(args, "--no-enable-prefix-caching"):
+            notes.append("prefix cache: off (--no-enable-prefix-caching)")
+        else:
+            notes.append("prefix cache: on, token-exact (--no-enable-prefix-caching turns it off)")
         if cuda is None:
             cuda = _cuda_available()
         if cuda and not _has_flag(args, "--attention-backend"):

@@ -12,6 +12,7 @@ choice by returning the async variant, so Proxima never changes how steps overla
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 
@@ -38,11 +39,12 @@ SLOW_STATS_INTERVAL_S = 0.5
 
 
 @contextlib.contextmanager
-def _slot_manager_in_place():
+def _slot_manager_in_place(prefix_caching: bool):
     """vLLM 0.26 builds its manager inline in Scheduler.__init__; swap the class it names for
     the constructor's duration, so the stock manager (one Python object per block) is never built."""
     original = vllm_scheduler.KVCacheManager
-    vllm_scheduler.KVCacheManager = SlotKVCacheManager
+    vllm_scheduler.KVCacheManager = functools.partial(SlotKVCacheManager,
+                                                      prefix_caching=prefix_caching)
     try:
         yield
     finally:
@@ -69,11 +71,13 @@ class ProximaScheduler(Scheduler):
             problems = unsupported_options(vllm_config)
             if problems:
                 raise ProximaConfigError("Proxima cannot serve: " + "; ".join(problems))
-            if vllm_config.cache_config.enable_prefix_caching:
-                logger.warning("Proxima: prefix caching is off (token slots do not serve it)")
-                vllm_config.cache_config.enable_prefix_caching = False
-            with _slot_manager_in_place():
+            prefix_caching = bool(vllm_config.cache_config.enable_prefix_caching)
+            with _slot_manager_in_place(prefix_caching):
                 super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+            # The slot cache matches token ids itself: without this, the engine core (which reads
+            # the flag right after building the scheduler) would hash every token of every
+            # request for a block cache that does not exist.
+            vllm_config.cache_config.enable_prefix_caching = False
         else:
             super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
 
@@ -106,10 +110,12 @@ class ProximaScheduler(Scheduler):
         self._largest_free_run = 0
         self._stock_cached_slots = 0
         self.last_kv_stats: kv_stats.KVStats | None = None
+        mgr = self.kv_cache_manager
+        caching = mgr.prefix_caching if isinstance(mgr, SlotKVCacheManager) else mgr.enable_caching
         logger.info(
-            "Proxima: allocator=%s slots=%d kv_bytes_per_token=%d kv_cache_bytes=%d",
-            settings.allocator, kv_cache_config.num_blocks * spec.block_size, bytes_per_token,
-            cache_bytes,
+            "Proxima: allocator=%s slots=%d kv_bytes_per_token=%d kv_cache_bytes=%d "
+            "prefix_cache=%s", settings.allocator, kv_cache_config.num_blocks * spec.block_size,
+            bytes_per_token, cache_bytes, "on" if caching else "off",
         )
 
     def schedule(self, *args, **kwargs):
@@ -179,10 +185,21 @@ class ProximaScheduler(Scheduler):
             (r.num_computed_tokens for r in self.running), dtype=np.int64, count=len(self.running)
         )
         mgr = self.kv_cache_manager
+        live_tokens = int(live.sum())
+        reference_slots = kv_stats.block_slots(live, catalog.REFERENCE_BLOCK_SIZE)
+        prefix = kv_stats.PrefixCacheTotals()
         if isinstance(mgr, SlotKVCacheManager):
-            total, used, cached = mgr.allocator.num_slots, mgr.allocator.num_used, 0
+            cache = mgr.cache
+            total, used, cached = cache.num_slots, cache.num_referenced, cache.num_cached
             in_use = lambda: mgr.allocator.in_use  # noqa: E731
             num_requests = len(mgr.table)
+            # A slot k requests share counts once; so do the full blocks a 16-token block cache
+            # would have shared for the same requests.
+            live_tokens -= cache.tree.shared_excess
+            reference_slots -= cache.tree.shared_excess_blocks
+            counters = cache.counters
+            prefix = kv_stats.PrefixCacheTotals(counters.hit_tokens, counters.hit_tokens_beyond_blocks,
+                                                counters.evicted_tokens)
         else:
             total, used, in_use, num_requests = self._stock_block_state()
             cached = self._stock_cached_slots
@@ -202,10 +219,11 @@ class ProximaScheduler(Scheduler):
             slots_total=total,
             slots_used=used,
             slots_cached=cached,
-            live_tokens=int(live.sum()),
+            live_tokens=live_tokens,
             num_requests=num_requests,
             reference_block=catalog.REFERENCE_BLOCK_SIZE,
-            reference_block_slots=kv_stats.block_slots(live, catalog.REFERENCE_BLOCK_SIZE),
+            reference_block_slots=reference_slots,
+            prefix=prefix,
             occupancy=self._occupancy,
             largest_free_run=self._largest_free_run,
         )

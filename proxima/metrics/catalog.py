@@ -62,22 +62,27 @@ SLOTS_TOTAL = MetricSpec(
 SLOTS_USED = MetricSpec(
     "proxima_kv_slots_used",
     Kind.GAUGE,
-    "Token slots allocated to live requests (for the block allocator: blocks in use x block size).",
+    "Token slots live requests reference, each counted once however many requests share it "
+    "through the prefix cache (for the block allocator: blocks in use x block size).",
     unit="slots",
 )
 SLOTS_FREE = MetricSpec(
-    "proxima_kv_slots_free", Kind.GAUGE, "Token slots free for any request.", unit="slots"
+    "proxima_kv_slots_free", Kind.GAUGE,
+    "Token slots any request may take: unused ones and cached ones no request references.",
+    unit="slots"
 )
 SLOTS_CACHED = MetricSpec(
     "proxima_kv_slots_cached",
     Kind.GAUGE,
-    "Free token slots that still hold reusable prefix-cache entries.",
+    "Free token slots that still hold reusable prefix-cache entries (evicted on demand, least "
+    "recently used first).",
     unit="slots",
 )
 LIVE_TOKENS = MetricSpec(
     "proxima_kv_live_tokens",
     Kind.GAUGE,
-    "Tokens whose KV live requests hold (computed or scheduled to be computed this step).",
+    "Tokens whose KV live requests hold (computed or scheduled to be computed this step); a slot "
+    "shared by several requests through the prefix cache counts once.",
     unit="tokens",
 )
 TOKEN_USAGE = MetricSpec(
@@ -145,6 +150,27 @@ ALLOCATOR_LATENCY = MetricSpec(
     buckets=_LATENCY_BUCKETS,
 )
 ALLOCATOR_OPS = ("allocate", "free", "step")
+PREFIX_HIT_TOKENS = MetricSpec(
+    "proxima_prefix_cache_hit_tokens",
+    Kind.COUNTER,
+    "Prompt tokens admitted from Proxima's token-exact prefix cache instead of computed "
+    "(vllm:prefix_cache_hits_total counts every lookup, including admissions retried later).",
+    unit="tokens",
+)
+PREFIX_HIT_BEYOND_BLOCKS = MetricSpec(
+    "proxima_prefix_cache_hit_tokens_beyond_blocks",
+    Kind.COUNTER,
+    f"Of those, tokens a prefix cache of {REFERENCE_BLOCK_SIZE}-token blocks would have missed "
+    "(the partial block at the end of each hit).",
+    unit="tokens",
+)
+PREFIX_EVICTED_TOKENS = MetricSpec(
+    "proxima_prefix_cache_evicted_tokens",
+    Kind.COUNTER,
+    "Cached tokens evicted to make room for new ones (least recently used first).",
+    unit="tokens",
+)
+PREFIX_COUNTERS = (PREFIX_HIT_TOKENS, PREFIX_HIT_BEYOND_BLOCKS, PREFIX_EVICTED_TOKENS)
 
 ENGINE_METRICS: tuple[MetricSpec, ...] = (
     ALLOCATOR_INFO,
@@ -164,6 +190,7 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
     RUNNING_REQUESTS,
     PREEMPTIONS,
     ALLOCATOR_LATENCY,
+    *PREFIX_COUNTERS,
 )
 
 

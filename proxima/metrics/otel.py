@@ -76,6 +76,9 @@ class OtelKVExporter:
         for spec in (c.BYTES_PER_TOKEN, c.CACHE_BYTES):
             meter.create_observable_gauge(spec.name, callbacks=[self._observe_static(spec.name)],
                                           description=spec.help)
+        for i, spec in enumerate(c.PREFIX_COUNTERS):
+            meter.create_observable_counter(spec.sample_name, callbacks=[self._observe(
+                lambda s, i=i: s.prefix.totals()[i])], description=spec.help)
         meter.create_observable_gauge(c.OCCUPANCY_MAP.name, callbacks=[self._observe_occupancy],
                                       description=c.OCCUPANCY_MAP.help)
         meter.create_observable_gauge(c.ALLOCATOR_INFO.name, callbacks=[self._observe_info],

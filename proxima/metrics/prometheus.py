@@ -80,6 +80,8 @@ class PrometheusKVExporter:
         self._gauges = {spec.name: self._m[spec.name].labels(engine=engine) for spec in c.ENGINE_METRICS
                         if spec.kind is c.Kind.GAUGE and spec.labels == ("engine",)}
         self._occupancy_shown: tuple[float, ...] | None = None
+        self._prefix = {spec.name: self._m[spec.name].labels(engine=engine) for spec in c.PREFIX_COUNTERS}
+        self._prefix_shown = (0, 0, 0)
 
     def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None:
         self._m[c.ALLOCATOR_INFO.name].labels(
@@ -110,6 +112,11 @@ class PrometheusKVExporter:
         g(c.BLOCK_FRAGMENTATION).set(stats.block_fragmentation)
         g(c.LARGEST_FREE_RUN).set(stats.largest_free_run)
         g(c.RUNNING_REQUESTS).set(stats.num_requests)
+        totals = stats.prefix.totals()
+        for spec, now, before in zip(c.PREFIX_COUNTERS, totals, self._prefix_shown):
+            if now > before:
+                self._prefix[spec.name].inc(now - before)
+        self._prefix_shown = totals
         # The map is refreshed every SLOW_STATS_INTERVAL_S, not every step: 64 sets only when it has.
         if stats.occupancy is not self._occupancy_shown:
             for gauge, value in zip(self._segments, stats.occupancy):
