@@ -66,6 +66,17 @@ def step_histogram(instance: str, phases: tuple[tuple[float, int, int], ...],
     return found
 
 
+def thrash_series(instance: str, hits_after: int, evicted_per_min: int) -> list[dict]:
+    """An hour at a 90% prefix-cache hit rate without evictions, then 40 minutes at
+    `hits_after` hits per 1,000 queried tokens a minute, evicting `evicted_per_min` tokens."""
+    hits = f"0+900x60 {54000 + hits_after}+{hits_after}x39"
+    evicted = f"0x60 {evicted_per_min}+{evicted_per_min}x39"
+    return [series(c.Vllm.PREFIX_CACHE_QUERIES, instance, "0+1000x100"),
+            series(c.Vllm.PREFIX_CACHE_HITS, instance, hits),
+            series(c.PREFIX_EVICTED_TOKENS, instance, evicted),
+            series(c.SLOTS_TOTAL, instance, "10000x100")]
+
+
 @dataclass(frozen=True, slots=True)
 class Firing:
     instance: str
@@ -148,6 +159,16 @@ def scenarios() -> tuple[Scenario, ...]:
              series(c.SLOTS_TOTAL, "loaded:8000", "32768x120")],
             # 64 slots/min = 3840/h = 11.72% of 32768 slots per hour.
             "20m", "90m", (Firing("leaking:8000", "11.72%"),),
+        ),
+        Scenario(
+            "ProximaPrefixCacheThrash",
+            "hit rate collapsing while evictions turn the cache over fires; either alone does not",
+            [*thrash_series("thrash:8000", hits_after=200, evicted_per_min=3000),
+             *thrash_series("steady:8000", hits_after=900, evicted_per_min=3000),
+             *thrash_series("cold:8000", hits_after=200, evicted_per_min=0)],
+            # From minute 61 the hit rate is 20% (90% an hour before) and 3,000 of 10,000
+            # slots are evicted a minute; both conditions hold from minute 69.
+            "75m", "90m", (Firing("thrash:8000", "30%"),),
         ),
         Scenario(
             "ProximaAllocatorStepLatencyHigh",

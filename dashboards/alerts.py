@@ -24,7 +24,7 @@ GROUP = "proxima-kv"
 JOIN_ON = ("instance", "engine")
 KEEP = ("job", "instance", "engine")
 RUNBOOK_PAGES = ("kv-exhaustion", "oom-under-load", "memory-leak", "allocator-latency",
-                 "no-throughput-gain")
+                 "no-throughput-gain", "prefix-cache-thrash")
 DEFAULT_RUNBOOK_BASE = "runbooks/"  # kept equal to generate.DEFAULT_RUNBOOK_BASE (tested)
 
 STEP_OP = "step"
@@ -35,6 +35,11 @@ LATENCY_WINDOW = "5m"
 STEP_P99_LIMIT_S = 0.001
 REGRESSION_FLOOR_S = 0.00025
 GROWTH_LIMIT_PER_HOUR = 0.05
+THRASH_WINDOW = "10m"
+# The hit rate fell below this share of its value an hour earlier...
+THRASH_HIT_DROP = 0.5
+# ...while evictions turn over at least this share of the cache per minute.
+THRASH_EVICTED_PER_MIN = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,20 @@ def runbook_url(page: str, base: str = DEFAULT_RUNBOOK_BASE) -> str:
 
 def step_p99(offset: str = "") -> str:
     return q.quantile(0.99, c.ALLOCATOR_LATENCY, LATENCY_WINDOW, KEEP, STEP, offset=offset)
+
+
+def prefix_hit_rate(offset: str = "") -> str:
+    """vLLM's prefix-cache hit rate per engine over THRASH_WINDOW (optionally `offset` ago)."""
+    shifted = f" offset {offset}" if offset else ""
+    by = ", ".join(KEEP)
+    hits, queries = (f"sum by ({by}) (rate({q.sel(m)}[{THRASH_WINDOW}]{shifted}))"
+                     for m in (c.Vllm.PREFIX_CACHE_HITS, c.Vllm.PREFIX_CACHE_QUERIES))
+    return f"{hits} / {queries}"
+
+
+def eviction_turnover() -> str:
+    """Cached tokens evicted per minute, as a share of the cache."""
+    return f"{q.rate(c.PREFIX_EVICTED_TOKENS, THRASH_WINDOW)} * 60 / {q.sel(c.SLOTS_TOTAL)}"
 
 
 def unexplained_slot_growth() -> str:
@@ -155,6 +174,21 @@ RULES: tuple[AlertRule, ...] = (
         f"requests did not give back; at {GROWTH_LIMIT_PER_HOUR:.0%} per hour the cache is gone "
         f"within {1 / GROWTH_LIMIT_PER_HOUR:.0f} hours.",
         "memory-leak",
+    ),
+    AlertRule(
+        "ProximaPrefixCacheThrash",
+        (Condition(eviction_turnover(), ">", f"{THRASH_EVICTED_PER_MIN:g}"),
+         Condition(prefix_hit_rate(), "<", f"{THRASH_HIT_DROP:g} * {prefix_hit_rate(offset='1h')}")),
+        "15m", "warning",
+        "Prefix cache thrashing on {{ $labels.instance }}: {{ $value | humanizePercentage }} of "
+        "the KV cache evicted per minute",
+        "On engine {{ $labels.engine }} of {{ $labels.instance }} cached prefixes are evicted at "
+        f"more than {THRASH_EVICTED_PER_MIN:.0%} of the cache per minute while the prefix-cache "
+        f"hit rate has fallen below {THRASH_HIT_DROP:.0%} of what it was an hour earlier, for 15 "
+        "minutes: entries are pushed out before they are reused (more distinct prompts than the "
+        "cache holds, or live requests crowding the cache out), so prompts are recomputed and "
+        "time to first token rises.",
+        "prefix-cache-thrash",
     ),
     AlertRule(
         "ProximaAllocatorStepLatencyHigh",

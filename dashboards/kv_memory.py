@@ -103,6 +103,42 @@ def usage(board: p.Board) -> None:
     )
 
 
+def hit_rate(window: str, *matchers: str) -> str:
+    """vLLM's prefix-cache hit rate (hit tokens / looked-up tokens) over `window`, per instance."""
+    return (f"{q.sum_rate(c.Vllm.PREFIX_CACHE_HITS, window, BY_INSTANCE, *matchers)} / "
+            f"{q.sum_rate(c.Vllm.PREFIX_CACHE_QUERIES, window, BY_INSTANCE, *matchers)}")
+
+
+def prefix_cache(board: p.Board) -> None:
+    board.row("Prefix cache")
+    board.add(
+        p.timeseries_panel(
+            "Prefix-cache hit rate",
+            "Prompt tokens served from the prefix cache over the tokens looked up "
+            f"({c.Vllm.PREFIX_CACHE_HITS} / {c.Vllm.PREFIX_CACHE_QUERIES}: vLLM's own counters, "
+            "so stock servers show here too). Under Proxima they count token-exact hits.",
+            [p.Target(hit_rate(p.RATE_INTERVAL, INSTANCE, MODEL), "{{instance}}")],
+            "percentunit", width=8, min_val=0, max_val=1),
+        p.timeseries_panel(
+            "Cached slots and evictions",
+            f"{c.SLOTS_CACHED.help} Against the rate at which cached tokens are evicted "
+            f"({c.PREFIX_EVICTED_TOKENS.help}). Evictions climbing while the hit rate falls is a "
+            "cache that thrashes: runbooks/prefix-cache-thrash.md.",
+            [p.Target(q.sel(c.SLOTS_CACHED, INSTANCE), LEGEND + " cached slots"),
+             p.Target(q.sum_rate(c.PREFIX_EVICTED_TOKENS, p.RATE_INTERVAL, BY_INSTANCE, INSTANCE),
+                      "{{instance}} evicted tokens/s")],
+            "short", width=8, min_val=0),
+        p.timeseries_panel(
+            f"Hits beyond {c.REFERENCE_BLOCK_SIZE}-token blocks",
+            f"{c.PREFIX_HIT_BEYOND_BLOCKS.help} As a share of all hit tokens "
+            f"({c.PREFIX_HIT_TOKENS.name}): what token-exact sharing adds over a block cache.",
+            [p.Target(f"{q.sum_rate(c.PREFIX_HIT_BEYOND_BLOCKS, p.RATE_INTERVAL, BY_INSTANCE, INSTANCE)}"
+                      f" / {q.sum_rate(c.PREFIX_HIT_TOKENS, p.RATE_INTERVAL, BY_INSTANCE, INSTANCE)}",
+                      "{{instance}}")],
+            "percentunit", width=8, min_val=0, max_val=1),
+    )
+
+
 def allocator(board: p.Board) -> None:
     board.row("Allocator and preemptions")
     by_op = ("instance", "op")
@@ -143,5 +179,6 @@ def build() -> p.Board:
     headroom(board)
     occupancy(board)
     usage(board)
+    prefix_cache(board)
     allocator(board)
     return board

@@ -22,9 +22,6 @@ from proxima.scrape import ServerSnapshot, scrape
 
 CHECK = "adoption"
 RUNBOOK = "runbooks/no-throughput-gain.md"
-# Prefix-cache hit rate above which turning prefix caching off (as token slots do) may cost more
-# than the packing gains.
-PREFIX_HIT_WARN = 0.2
 MEASURE_S = 5.0
 
 
@@ -116,20 +113,28 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     evidence["prefix_cache_hit_rate"] = round(hit_rate, 4) if hit_rate is not None else "N/A (no queries)"
 
     ratio_text = f"x{ratio:.2f}" if ratio else "unbounded"
+    hits = f"prefix cache serves {pct(hit_rate)} of prompt tokens" if hit_rate is not None else None
     if kv is not None and kv.allocator == "token":
+        share = kv.beyond_blocks_share
+        evidence["prefix_hit_tokens_beyond_blocks_share"] = round(share, 4) if share is not None else "N/A"
+        extra = ""
+        if hits:
+            extra = f"; {hits}"
+            if share is not None:
+                extra += (f", {pct(share)} of them beyond what {REFERENCE_BLOCK_SIZE}-token blocks "
+                          "would share")
         return ProbeResult(
             CHECK, Status.OK,
             f"Proxima token slots in use: blocks of {block_size} would waste {pct(fragmentation)} of KV on this "
-            f"traffic; token slots hold {ratio_text} the requests", evidence, RUNBOOK)
-    if hit_rate is not None and hit_rate > PREFIX_HIT_WARN:
-        return ProbeResult(
-            CHECK, Status.WARN,
-            f"token slots would add {ratio_text} capacity, but prefix caching serves {pct(hit_rate)} of prompt "
-            "tokens here and token slots turn it off", evidence, RUNBOOK,
-            ("A/B with `proxima bench` on this traffic before switching: the lost cache hits may cost more",))
+            f"traffic; token slots hold {ratio_text} the requests{extra}", evidence, RUNBOOK)
     worth_it = ratio is None or ratio >= 1.05
     verdict = (f"Proxima's token slots would hold {ratio_text} the requests in the same memory" if worth_it
                else f"little to gain (token slots would hold {ratio_text} the requests)")
+    if hit_rate:
+        # Token slots keep the prefix cache and share the partial block at the end of each hit too:
+        # on average (B-1)/2 more tokens per hit than whole blocks of B.
+        verdict += (f"; {hits} and token slots keep it, sharing ~{(block_size - 1) / 2:.1f} more tokens "
+                    "per hit (the partial last block)")
     return ProbeResult(
         CHECK, Status.OK,
         f"blocks of {block_size} waste {pct(fragmentation)} of KV on this traffic ({evidence['basis']}); {verdict}",

@@ -115,8 +115,8 @@ async def run(ctx: ProbeContext) -> ProbeResult:
             f"{amount} held with no request running or waiting"
             + (f" (~{per} leaked per finished request)" if per else ""),
             evidence, RUNBOOK,
-            (("check that PROXIMA_FAULT_LEAK_SLOTS is not set in the server's environment (a test-only "
-              "switch that leaks on purpose)"),
+            (("check that PROXIMA_FAULT_LEAK_SLOTS and PROXIMA_ENABLE_TEST_FAULTS are not set in the "
+              "server's environment (a test-only fault that leaks on purpose)"),
              ("restart the server to reclaim the slots; until the fix, roll back to stock allocation "
               "(runbooks/rollback-to-stock.md)"),
              "reproduce with PROXIMA_CHECK_INVARIANTS=1 and attach the server log and this output to the bug"),

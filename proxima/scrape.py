@@ -88,10 +88,20 @@ class KVSnapshot:
     preemptions_total: float
     allocator_latency: dict[str, HistogramSnapshot] = field(default_factory=dict)
     engines: tuple[str, ...] = ()  # engine labels of the schedulers that export these metrics
+    prefix_hit_tokens_total: float = 0.0
+    prefix_hit_tokens_beyond_blocks_total: float = 0.0
+    prefix_evicted_tokens_total: float = 0.0
 
     @property
     def slot_usage(self) -> float:
         return self.slots_used / self.slots_total if self.slots_total else 0.0
+
+    @property
+    def beyond_blocks_share(self) -> float | None:
+        """Share of prefix-cache hit tokens a block cache of the reference size would miss."""
+        if not self.prefix_hit_tokens_total:
+            return None
+        return self.prefix_hit_tokens_beyond_blocks_total / self.prefix_hit_tokens_total
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +279,9 @@ def _parse_proxima(s: _Samples, engine: str | None) -> KVSnapshot | None:
             op: s.histogram(c.ALLOCATOR_LATENCY.name, engine, op=op) for op in c.ALLOCATOR_OPS
         },
         engines=tuple(sorted({lab.get("engine", "") for lab in info})),
+        prefix_hit_tokens_total=num(c.PREFIX_HIT_TOKENS),
+        prefix_hit_tokens_beyond_blocks_total=num(c.PREFIX_HIT_BEYOND_BLOCKS),
+        prefix_evicted_tokens_total=num(c.PREFIX_EVICTED_TOKENS),
     )
 
 

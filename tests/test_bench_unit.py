@@ -282,3 +282,24 @@ def test_avalanche_on_errors_and_on_latency_including_requests_in_flight():
         assert slow.stop.is_set() and "> 3x SLO (3s)" in slow.aborted
 
     asyncio.run(scenario())
+
+
+def test_multi_turn_conversations_resend_the_answer_and_round_trip_through_jsonl(tmp_path):
+    work = approx_plan("multi-turn", 6)
+    conv = work.requests[0]
+    assert len(conv.followups) == 3 and all(r.followups for r in work.requests)
+    second = conv.next_turn(" the answer")
+    assert second.prompt == conv.prompt + " the answer" + conv.followups[0]
+    assert second.followups == conv.followups[1:] and second.max_tokens == conv.max_tokens
+    last = second.next_turn(" a").next_turn(" b")
+    assert last.followups == () and last.next_turn(" c") is None
+    path = tmp_path / "w.jsonl"
+    wl.write_jsonl(work, path)
+    assert wl.load_jsonl(path) == work.requests
+
+
+def test_multi_turn_conversations_fit_the_context_whole():
+    work = wl.generate(wl.WorkloadPlan("multi-turn", 20, 0), wl.WordCosts.approximate(), max_model_len=512)
+    for r in work.requests:
+        body = r.prompt_tokens - wl.SHAPES["multi-turn"].shared_prefix_tokens
+        assert 200 + 4 * (body + r.max_tokens) < 512

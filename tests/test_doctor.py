@@ -52,7 +52,8 @@ def fault_servers(tiny_model, server_logs, tmp_path_factory):
     other_weights = str(build_tiny_model(tmp_path_factory.mktemp("tiny-seed1"), TinyModelSpec(seed=1)))
     servers = {
         "leak": ManagedServer(ServerSpec(other_weights, "token", args=SERVER_ARGS,
-                                         env={"PROXIMA_FAULT_LEAK_SLOTS": "3"},
+                                         env={"PROXIMA_FAULT_LEAK_SLOTS": "3",
+                                              "PROXIMA_ENABLE_TEST_FAULTS": "1"},
                                          log_path=server_logs / "doctor-leak.log")),
         "small-kv": ManagedServer(ServerSpec(tiny_model, "token", args=SMALL_KV_ARGS,
                                              log_path=server_logs / "doctor-small-kv.log")),

@@ -252,3 +252,53 @@ def test_tree_heap_stays_bounded(n):
         tree.unlock(leaf)
     tree.evict(0)
     assert len(tree._heap) <= 2 * tree.num_nodes + 1024
+
+
+# -- the test-only leak fault: unreachable by accident ------------------------------------------
+
+def test_leak_fault_is_ignored_without_the_test_switch(monkeypatch, caplog):
+    from proxima.engine import faults
+
+    monkeypatch.setenv(faults.LEAK_ENV, "3")
+    monkeypatch.delenv(faults.ENABLE_ENV, raising=False)
+    assert faults.leak_per_free_from_env() == 0
+    assert any("ignored" in r.message for r in caplog.records)
+    monkeypatch.setenv(faults.ENABLE_ENV, "1")
+    assert faults.leak_per_free_from_env() == 3
+
+
+@pytest.mark.parametrize("raw", ["-5", "0", "three", "1.5"])
+def test_leak_fault_refuses_a_bad_value_naming_the_variable(monkeypatch, raw):
+    from proxima.engine import faults
+    from proxima.engine.settings import ProximaConfigError
+
+    monkeypatch.setenv(faults.LEAK_ENV, raw)
+    monkeypatch.setenv(faults.ENABLE_ENV, "1")
+    with pytest.raises(ProximaConfigError, match=faults.LEAK_ENV):
+        faults.leak_per_free_from_env()
+
+
+# -- a bad free loses nothing ---------------------------------------------------------------------
+
+def test_a_free_naming_a_slot_twice_is_refused_without_invariant_checks():
+    from proxima.engine.slot_allocator import SlotAllocator
+
+    alloc = SlotAllocator(16, check_invariants=False)
+    slots = alloc.allocate(4)
+    with pytest.raises(ValueError, match="twice"):
+        alloc.free(np.array([slots[0], slots[1], slots[0]]))
+    assert alloc.num_used == 4  # refused whole: nothing freed
+    alloc.free(slots)
+    again = alloc.allocate(16)
+    assert np.unique(again).size == 16  # no slot handed out twice afterwards
+
+
+def test_a_refused_release_keeps_the_requests_slots():
+    cache = TokenSlotCache(64, caching=True)
+    admit(cache, "a", SYSTEM[:10])
+    held = cache.table.slots_of("a").copy()
+    cache.allocator.free(held[-1:])  # corrupt: one of a's slots freed behind its back
+    with pytest.raises(ValueError, match="not in use"):
+        cache.release("a", SYSTEM[:10], 10)
+    assert np.array_equal(cache.table.slots_of("a"), held)  # nothing forgotten
+    assert cache.num_in_tree("a") == 10

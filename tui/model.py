@@ -78,6 +78,8 @@ class ServerView:
     # Span the latency histograms cover; None means since the server started.
     window_s: float | None = None
     kv: KVSnapshot | None = None
+    # Prompt tokens served from the prefix cache / looked up, over the window (None: no lookups).
+    prefix_hit_rate: float | None = None
     typical_request_tokens: float | None = None
     headroom_requests: float | None = None
     level: str = "ok"  # "ok", "warn" or "danger"

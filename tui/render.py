@@ -110,14 +110,14 @@ def kv_lines(view: ServerView, width: int) -> list[Text]:
                      "(send a request).", style=DIM)]
     lines = occupancy_map(kv.occupancy, width) if kv.occupancy else []
     used, cached = kv.slot_usage, kv.slots_cached / kv.slots_total
-    free = kv.slots_free / kv.slots_total
+    free = max(0.0, kv.slots_free - kv.slots_cached) / kv.slots_total  # cached slots are free too
     legend = f" in use {fmt.pct(used)} · cached {fmt.pct(cached)} · free {fmt.pct(free)}"
     bar_width = max(10, width - len(legend))
     lines.append(bar([(used, "█", usage_style(used)), (cached, "▒", "blue")], bar_width) + Text(legend))
     lines += [
         _row("slots", (f"{fmt.count(kv.slots_used)} / {fmt.count(kv.slots_total)}", usage_style(used)),
              f" used ({fmt.pct(used)}) · {fmt.count(kv.slots_cached)} cached · "
-             f"{fmt.count(kv.slots_free)} free"),
+             f"{fmt.count(max(0.0, kv.slots_free - kv.slots_cached))} free"),
         _row("tokens", f"{fmt.count(kv.live_tokens)} live ({fmt.pct(kv.token_usage)}) · "
              f"{catalog.REFERENCE_BLOCK_SIZE}-token blocks would use {fmt.pct(kv.block_usage)}"),
         _row("fragment.", f"{fmt.pct(kv.fragmentation)} of used slots idle · "
@@ -127,6 +127,8 @@ def kv_lines(view: ServerView, width: int) -> list[Text]:
         _row("headroom", *_headroom(view)),
         _row("allocator", *_allocator_latency(kv)),
     ]
+    if view.prefix_hit_rate is not None or kv.prefix_hit_tokens_total:
+        lines.append(_row("prefix", _prefix_summary(view, kv)))
     if any(h.count for h in kv.allocator_latency.values()):
         lines.append(_row("", (f"p50/p99 per call, {window_label(view)} (step = one scheduler step)", DIM)))
     return lines
@@ -158,7 +160,20 @@ def _stock_kv_lines(view: ServerView, width: int) -> list[Text]:
         lines.append(_row("blocks", f"~{fmt.count(view.used_tokens)} / {fmt.count(view.capacity_tokens)} "
                           f"token positions ({fmt.count(view.num_gpu_blocks)} blocks × {view.block_size})"))
     lines.append(_row("headroom", *_headroom(view)))
+    if view.prefix_hit_rate is not None:
+        lines.append(_row("prefix", f"hit rate {fmt.pct(view.prefix_hit_rate)} (whole blocks only)"))
     return lines
+
+
+def _prefix_summary(view: ServerView, kv) -> str:
+    """Prefix cache: hit rate, what token-exact sharing added, what was evicted."""
+    parts = [f"hit rate {fmt.pct(view.prefix_hit_rate)}" if view.prefix_hit_rate is not None
+             else f"hit rate {fmt.NA}"]
+    share = kv.beyond_blocks_share
+    if share is not None:
+        parts.append(f"{fmt.pct(share)} of hits beyond {catalog.REFERENCE_BLOCK_SIZE}-token blocks")
+    parts.append(f"{fmt.count(kv.prefix_evicted_tokens_total)} evicted")
+    return " · ".join(parts)
 
 
 def window_label(view: ServerView) -> str:

@@ -98,9 +98,19 @@ def _figures(snap: ServerSnapshot, rate_base: ServerSnapshot | None,
         e2e=snap.e2e.since(window_base and window_base.e2e),
         window_s=None if window_base is None else snap.taken_at - window_base.taken_at,
         kv=kv,
+        prefix_hit_rate=prefix_hit_rate(snap, window_base),
         typical_request_tokens=typical,
         headroom_requests=free / typical if free is not None and typical else None,
     )
+
+
+def prefix_hit_rate(snap: ServerSnapshot, base: ServerSnapshot | None) -> float | None:
+    """vLLM's prefix-cache hits over its queries, since `base` (or since start)."""
+    queries, hits = snap.prefix_cache_queries_total, snap.prefix_cache_hits_total
+    if base is not None and base.ok and base.prefix_cache_queries_total <= queries:
+        queries -= base.prefix_cache_queries_total
+        hits -= base.prefix_cache_hits_total
+    return hits / queries if queries > 0 else None
 
 
 def _typical_request_tokens(snap: ServerSnapshot, kv: KVSnapshot | None, used: float | None,
@@ -192,6 +202,9 @@ def _sum_kv(kvs: list[KVSnapshot]) -> KVSnapshot | None:
         cache_bytes=sum(k.cache_bytes for k in kvs),
         requests_holding_slots=sum(k.requests_holding_slots for k in kvs),
         preemptions_total=sum(k.preemptions_total for k in kvs),
+        prefix_hit_tokens_total=sum(k.prefix_hit_tokens_total for k in kvs),
+        prefix_hit_tokens_beyond_blocks_total=sum(k.prefix_hit_tokens_beyond_blocks_total for k in kvs),
+        prefix_evicted_tokens_total=sum(k.prefix_evicted_tokens_total for k in kvs),
         allocator_latency={
             op: merge_histograms(k.allocator_latency[op] for k in kvs if op in k.allocator_latency)
             for op in catalog.ALLOCATOR_OPS

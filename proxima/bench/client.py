@@ -42,6 +42,7 @@ class RequestResult:
     prompt_tokens: int | None = None
     error: str | None = None
     overhead_s: float = 0.0
+    text: list[str] | None = None  # the answer's pieces, kept only when a next turn needs them
 
     @property
     def tpot(self) -> float | None:
@@ -219,8 +220,10 @@ class _StreamState:
         except json.JSONDecodeError:
             result.status, result.error = FAILED, "malformed stream chunk"
             return False
-        if chunk.get("choices"):
+        if choices := chunk.get("choices"):
             result.num_chunks += 1
+            if result.text is not None:
+                result.text.append(choices[0].get("text") or "")
             if self.previous is None:
                 result.ttft = now - self.start
             else:

@@ -138,13 +138,22 @@ async def _watchdog(state: _LevelState) -> None:
 
 async def _send(client: StreamingClient, state: _LevelState, observer: Observer, target: Target,
                 request: BenchRequest, result: RequestResult) -> None:
-    state.started(result)
-    try:
-        await client.send(request, result)
-    finally:
-        state.finished(result)
-        if result.status != CANCELLED:
-            observer.request_done(target, result)
+    """Send one request, then, for a conversation, each next turn after the previous answer."""
+    turn: BenchRequest | None = request
+    while turn is not None:
+        if turn.followups:
+            result.text = []
+        state.started(result)
+        try:
+            await client.send(turn, result)
+        finally:
+            state.finished(result)
+            if result.status != CANCELLED:
+                observer.request_done(target, result)
+        if result.status != OK or state.stop.is_set():
+            return
+        turn = turn.next_turn("".join(result.text or ()))
+        result = RequestResult(result.index)
 
 
 async def _concurrency(client, state, observer, target, source, concurrency: int, deadline) -> None:

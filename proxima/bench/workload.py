@@ -33,9 +33,9 @@ VOCABULARY = (
     "result", "point",
 )
 
-BUILTIN = ("short-chat", "long-doc", "mixed", "shared-prefix")
+BUILTIN = ("short-chat", "long-doc", "mixed", "shared-prefix", "multi-turn")
 DEFAULT_MAX_TOKENS = 128
-ALLOWED_KEYS = frozenset({"prompt", "max_tokens", "prompt_tokens"})
+ALLOWED_KEYS = frozenset({"prompt", "max_tokens", "prompt_tokens", "followups"})
 APPROXIMATE = "approximate (1 token per vocabulary word)"
 SERVER_TOKENIZER = "server tokenizer (/tokenize)"
 NOT_COUNTED = "not counted (server /tokenize unavailable)"
@@ -67,6 +67,7 @@ class Shape:
     long_prompt: Range | None = None
     long_output: Range | None = None
     shared_prefix_tokens: int = 0  # `shared-prefix`: one system prompt in front of every request
+    turns: int = 1  # `multi-turn`: each request is a conversation of this many turns
 
 
 SHAPES: dict[str, Shape] = {
@@ -74,6 +75,9 @@ SHAPES: dict[str, Shape] = {
     "long-doc": Shape(Range(1000, 3000), Range(100, 300)),
     "mixed": Shape(Range(50, 200), Range(20, 200), 0.2, Range(1000, 3000), Range(100, 300)),
     "shared-prefix": Shape(Range(20, 100), Range(20, 200), shared_prefix_tokens=200),
+    # Chats behind one system prompt; each next turn resends the conversation so far (the
+    # prompts and the server's real answers) and a new user turn, as chat clients do.
+    "multi-turn": Shape(Range(20, 100), Range(20, 100), shared_prefix_tokens=200, turns=4),
 }
 
 
@@ -82,6 +86,16 @@ class BenchRequest:
     prompt: str
     max_tokens: int
     prompt_tokens: int | None = None  # as counted when the workload was built (None: unknown)
+    # Later user turns of a conversation: each is sent after the previous answer, appended to
+    # the conversation so far (prompt + answer), with the same max_tokens.
+    followups: tuple[str, ...] = ()
+
+    def next_turn(self, answer: str) -> BenchRequest | None:
+        """The conversation's next request once `answer` came back (None after the last turn)."""
+        if not self.followups:
+            return None
+        return BenchRequest(self.prompt + answer + self.followups[0], self.max_tokens, None,
+                            self.followups[1:])
 
 
 @dataclass(slots=True)
@@ -174,7 +188,8 @@ def load_jsonl(path: str | Path, default_max_tokens: int = DEFAULT_MAX_TOKENS) -
         unknown = sorted(set(row) - ALLOWED_KEYS)
         if unknown:
             raise WorkloadError(
-                f"{where}: unknown key {unknown[0]!r}; allowed keys are prompt, max_tokens, prompt_tokens"
+                f"{where}: unknown key {unknown[0]!r}; allowed keys are prompt, max_tokens, "
+                "prompt_tokens, followups"
             )
         prompt = row.get("prompt")
         if not isinstance(prompt, str) or not prompt:
@@ -188,7 +203,11 @@ def load_jsonl(path: str | Path, default_max_tokens: int = DEFAULT_MAX_TOKENS) -
         prompt_tokens = row.get("prompt_tokens")
         if prompt_tokens is not None and (not isinstance(prompt_tokens, int) or prompt_tokens < 1):
             raise WorkloadError(f'{where}: "prompt_tokens" must be a positive integer or omitted')
-        requests.append(BenchRequest(prompt, max_tokens, prompt_tokens))
+        followups = row.get("followups", [])
+        if not isinstance(followups, list) or not all(isinstance(t, str) and t for t in followups):
+            raise WorkloadError(f'{where}: "followups" must be a list of non-empty strings (the '
+                                "later user turns of a conversation) or omitted")
+        requests.append(BenchRequest(prompt, max_tokens, prompt_tokens, tuple(followups)))
     if not requests:
         raise WorkloadError(f"{path}: no requests; {fix}")
     return requests
@@ -240,7 +259,14 @@ def generate(plan: WorkloadPlan, costs: WordCosts, max_model_len: int | None = N
         prompt_range = plan.prompt_override or (shape.long_prompt if long else shape.prompt)
         output_range = plan.output_override or (shape.long_output if long else shape.output)
         prompt_len, output_len = prompt_range.draw(rng), output_range.draw(rng)
-        if max_model_len is not None and prefix_tokens + prompt_len + output_len >= max_model_len:
+        if shape.turns > 1 and max_model_len is not None:
+            # The whole conversation must fit: each turn gets an equal share of the context.
+            share = max(2, (max_model_len - prefix_tokens - 1) // shape.turns)
+            if prompt_len + output_len > share:
+                output_len = max(1, min(output_len, share // 4))
+                prompt_len = max(1, share - output_len)
+                clamped += 1
+        elif max_model_len is not None and prefix_tokens + prompt_len + output_len >= max_model_len:
             # Too long for this server: keep the output, within a quarter of the context, and
             # shorten the prompt; counted in the notes so that nobody mistakes it for the shape.
             output_len = min(output_len, max(1, max_model_len // 4))
@@ -251,11 +277,15 @@ def generate(plan: WorkloadPlan, costs: WordCosts, max_model_len: int | None = N
             text, counted = prefix + body, prefix_tokens + n
         else:
             text, counted = costs.build(rng, prompt_len)
-        requests.append(BenchRequest(text, output_len, counted))
+        followups = tuple(costs.build(rng, prompt_len, leading=True)[0] for _ in range(shape.turns - 1))
+        requests.append(BenchRequest(text, output_len, counted, followups))
     if clamped:
         notes.append(f"{clamped} prompts shortened to fit the server's max_model_len={max_model_len}")
     if prefix:
         notes.append(f"shared system prompt of {prefix_tokens} tokens")
+    if shape.turns > 1:
+        notes.append(f"each request is a conversation of {shape.turns} turns, each resending the "
+                     "conversation so far with the server's answer")
     return Workload(plan.source, plan.seed, requests, APPROXIMATE, notes)
 
 
@@ -272,5 +302,7 @@ def write_jsonl(workload: Workload, path: Path) -> None:
             row: dict = {"prompt": r.prompt, "max_tokens": r.max_tokens}
             if r.prompt_tokens is not None:
                 row["prompt_tokens"] = r.prompt_tokens
+            if r.followups:
+                row["followups"] = list(r.followups)
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     tmp.replace(path)

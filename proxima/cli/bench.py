@@ -73,7 +73,7 @@ def bench(
         help="Servers up at the same time (two URLs, --side-by-side) take turns level by level."),
     workload: str = typer.Option(
         "short-chat", "--workload", "-w",
-        help="short-chat, long-doc, mixed, shared-prefix, or a JSONL file of {\"prompt\", \"max_tokens\"}."),
+        help="short-chat, long-doc, mixed, shared-prefix, multi-turn, or a JSONL file of {\"prompt\", \"max_tokens\"}."),
     num_prompts: int | None = typer.Option(
         None, "--num-prompts", help="Generated prompts (default: enough that no level repeats one)."),
     prompt_tokens: str | None = typer.Option(

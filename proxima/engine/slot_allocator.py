@@ -4,15 +4,19 @@ Layer: the bottom of the engine. It knows slot numbers only: no requests, no vLL
 
 Representation (why): a slot is one token's K/V row in every layer. The free slots live in one
 int32 array used as a LIFO stack (`_free_stack[:_num_free]`), and occupancy in one bool array.
-So a 1M-slot cache costs 5 bytes per slot and initialises with two numpy calls; allocate and
-free are O(n) vectorised copies with no per-token Python objects. LIFO order means a run of
-slots freed together (a finished request's, pushed back in reverse) is handed out again as the
-same ascending run, so the next request reads K/V from contiguous rows. Each slot is a whole
+So a 1M-slot cache costs 9 bytes per slot (4 of them scratch for the duplicate check) and
+initialises with three numpy calls; allocate and free are O(n) vectorised copies with no
+per-token Python objects. LIFO order means a run of slots freed together (a finished request's,
+pushed back in reverse) is handed out again as the same ascending run, so the next request reads K/V from contiguous rows. Each slot is a whole
 row of Hkv x D values, so even a scattered slot list gives coalesced reads row by row.
 
 Error contract: out of capacity is not an error (`allocate` returns None); freeing a slot that
-is not in use, or is out of range, is the caller's bug and raises ValueError naming the slots,
-before anything changes (a bad free loses nothing).
+is not in use, is out of range, or appears twice in one call is the caller's bug and raises
+ValueError naming the slots, before anything changes (a bad free loses nothing). `check_held`
+runs the same checks without freeing, for callers that must validate before changing their own
+state. The duplicate check stamps each slot with its position in the call and reads the stamps
+back (two fancy-index passes and a 4-byte scratch entry per slot): a slot given twice reads
+another position's stamp (scripts/bench_host_path.py measures its cost).
 
 Invariant checks (every slot either free or used, never both, counts consistent) run after
 each operation when `check_invariants` is set (PROXIMA_CHECK_INVARIANTS=1 in the engine).
@@ -36,6 +40,7 @@ class SlotAllocator:
         self._free_stack = np.arange(num_slots - 1, -1, -1, dtype=SLOT_DTYPE)
         self._num_free = num_slots
         self._in_use = np.zeros(num_slots, dtype=np.bool_)
+        self._stamp = np.zeros(num_slots, dtype=SLOT_DTYPE)  # scratch for the duplicate check
         self.check_invariants = check_invariants
 
     @property
@@ -81,19 +86,31 @@ class SlotAllocator:
             self.assert_consistent()
         return slots
 
-    def free(self, slots: np.ndarray) -> None:
-        """Return slots to the pool. Raises ValueError (and changes nothing) on a bad free."""
+    def check_held(self, slots: np.ndarray) -> np.ndarray:
+        """Raise ValueError (changing nothing) unless every slot is in use and given once."""
         slots = np.asarray(slots, dtype=SLOT_DTYPE)
         n = slots.size
         if n == 0:
-            return
+            return slots
         if slots.min() < 0 or slots.max() >= self._num_slots:
             raise ValueError(f"slots out of range [0, {self._num_slots}): {_preview(slots)}")
         if not self._in_use[slots].all():
             bad = slots[~self._in_use[slots]]
             raise ValueError(f"double free: slots not in use {_preview(bad)}")
-        if self.check_invariants and np.unique(slots).size != n:
-            raise ValueError(f"slots freed twice in one call: {_preview(slots)}")
+        if n > 1:
+            order = np.arange(n, dtype=SLOT_DTYPE)
+            self._stamp[slots] = order
+            repeated = self._stamp[slots] != order
+            if repeated.any():
+                raise ValueError(f"slots freed twice in one call: {_preview(slots[repeated])}")
+        return slots
+
+    def free(self, slots: np.ndarray) -> None:
+        """Return slots to the pool. Raises ValueError (and changes nothing) on a bad free."""
+        slots = self.check_held(slots)
+        n = slots.size
+        if n == 0:
+            return
         self._in_use[slots] = False
         top = self._num_free
         # Reversed, so the next allocate pops them back in their original order.

@@ -173,6 +173,8 @@ class TokenSlotCache:
     def release(self, request_id: str, tokens: Sequence[int], num_computed: int) -> None:
         """The request lets go of its slots: its first `num_computed` tokens (whose K/V are
         computed, or will be by the steps already scheduled) stay cached, the rest are freed."""
+        # Validate before changing anything: a bad slot list must not lose the request's good slots.
+        self.allocator.check_held(self.table.slots_of(request_id))
         path = self._paths.pop(request_id, None)
         slots = self.table.pop(request_id)
         if path is None:
