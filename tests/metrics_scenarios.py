@@ -1,8 +1,9 @@
 """Drive one engine through known requests and record, step by step, what its KV telemetry said
 (the scheduler's stats and the Prometheus exporter's samples) beside what the engine did.
 
-Executed by tests/test_engine_metrics.py in a subprocess per allocator.
-usage: python tests/metrics_scenarios.py MODEL_DIR {token,block} OUT.json
+Executed by tests/test_engine_metrics.py in a subprocess per allocator; `token-prefix` runs the
+prefix-cache scenario on token slots with vLLM's prefix caching on.
+usage: python tests/metrics_scenarios.py MODEL_DIR {token,block,token-prefix} OUT.json
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def exporter_samples(scheduler) -> dict:
     out = {spec.name: reg.get_sample_value(spec.sample_name, labels) for spec in (
         c.SLOTS_TOTAL, c.SLOTS_USED, c.SLOTS_FREE, c.LIVE_TOKENS, c.TOKEN_USAGE, c.BLOCK_USAGE,
         c.FRAGMENTATION, c.BLOCK_FRAGMENTATION, c.RUNNING_REQUESTS, c.LARGEST_FREE_RUN, c.PREEMPTIONS,
-        c.BYTES_PER_TOKEN, c.CACHE_BYTES)}
+        c.BYTES_PER_TOKEN, c.CACHE_BYTES, c.SLOTS_CACHED, *c.PREFIX_COUNTERS)}
     out["occupancy_0"] = reg.get_sample_value(c.OCCUPANCY_MAP.name, {"engine": "0", "segment": "0"})
     for op in c.ALLOCATOR_OPS:
         out[f"latency_count_{op}"] = reg.get_sample_value(
@@ -96,12 +97,51 @@ def main(model: str, variant: str) -> dict:
     return result
 
 
+SYSTEM_LEN = 40
+TAILS = [3, 5, 8, 13]
+FLOOD = 30  # prompts of 200 tokens: 6,000 tokens into 4,096 slots
+
+
+def prefix_scenario(model: str) -> dict:
+    """One burst of 4 prompts behind a 40-token system prompt, the same burst again, then a
+    flood of unrelated prompts that needs more than the free slots (evictions)."""
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
+              max_num_batched_tokens=2048, max_num_seqs=64, enable_prefix_caching=True,
+              block_size=1, kv_cache_memory_bytes=KV_SLOTS * 1024,
+              scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    system = list(range(100, 100 + SYSTEM_LEN))
+    prompts = [system + list(range(300 + 20 * i, 300 + 20 * i + n)) for i, n in enumerate(TAILS)]
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    result: dict = {"system_len": SYSTEM_LEN, "tails": TAILS, "flood": FLOOD}
+    for burst in ("first", "second"):
+        for i, p in enumerate(prompts):
+            engine.add_request(f"{burst}{i}", TokensPrompt(prompt_token_ids=p), greedy)
+        engine.step()
+        result[f"{burst}_prefill"] = snapshot(scheduler)
+        while engine.has_unfinished_requests():
+            engine.step()
+        scheduler.schedule()
+        result[f"{burst}_idle"] = snapshot(scheduler)
+    flood = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    for i in range(FLOOD):
+        engine.add_request(f"flood{i}", TokensPrompt(prompt_token_ids=[7 + i] * 200), flood)
+    while engine.has_unfinished_requests():
+        engine.step()
+    scheduler.schedule()
+    result["flood_idle"] = snapshot(scheduler)
+    return result
+
+
 if __name__ == "__main__":
     model_dir, variant, out_path = sys.argv[1:4]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["PROXIMA_ALLOCATOR"] = variant
+    os.environ["PROXIMA_ALLOCATOR"] = variant.removesuffix("-prefix")
     os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = "0"  # publish every step: snapshots are per step
-    data = main(model_dir, variant)
+    data = prefix_scenario(model_dir) if variant == "token-prefix" else main(model_dir, variant)
     with open(out_path + ".tmp", "w") as f:
         json.dump(data, f)
     os.replace(out_path + ".tmp", out_path)

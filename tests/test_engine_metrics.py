@@ -126,3 +126,61 @@ def test_a_busy_engine_publishes_gauges_at_most_once_per_interval(run):
         assert during["prom"][name] == idle[name] == 0
     # The closing idle step published what happened meanwhile (checked value by value above).
     assert run["after_pressure"]["prom"]["latency_count_step"] > during["prom"]["latency_count_step"]
+
+
+# -- the prefix cache ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def prefix_run(tiny_model, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("metrics") / "token-prefix.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
+    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, "token-prefix", str(out)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return json.loads(out.read_text())
+
+
+def test_shared_prefix_slots_count_once_and_hits_are_token_exact(prefix_run):
+    from proxima.metrics import catalog as c
+
+    system, tails = prefix_run["system_len"], prefix_run["tails"]
+    first = prefix_run["first_prefill"]
+    stats, prom = first["stats"], first["prom"]
+    # One burst: the later three share the first's 40 scheduled system tokens in the same step.
+    distinct = system + sum(tails)
+    assert stats["slots_used"] == stats["live_tokens"] == distinct
+    assert prom[c.FRAGMENTATION.name] == 0.0
+    assert prom[c.SLOTS_USED.name] == prom[c.LIVE_TOKENS.name] == distinct
+    assert prom[c.PREFIX_HIT_TOKENS.name] == 3 * system
+    assert prom[c.PREFIX_HIT_BEYOND_BLOCKS.name] == 3 * (system % c.REFERENCE_BLOCK_SIZE)
+    # 16-token blocks with a block cache would share 32 of the 40 tokens: 2 blocks each.
+    block_slots = sum(-(-(system + t) // 16) * 16 for t in tails) - 3 * 32
+    assert stats["reference_block_slots"] == block_slots
+
+
+def test_finished_requests_stay_cached_and_the_next_burst_hits_all_but_the_last_token(prefix_run):
+    from proxima.metrics import catalog as c
+
+    system, tails = prefix_run["system_len"], prefix_run["tails"]
+    idle = prefix_run["first_idle"]["prom"]
+    # Computed: prompts and 3 of 4 outputs each (the last sampled token has no KV).
+    cached = system + sum(t + 3 for t in tails)
+    assert idle[c.SLOTS_USED.name] == 0 and idle[c.SLOTS_CACHED.name] == cached
+    assert idle[c.SLOTS_FREE.name] == idle[c.SLOTS_TOTAL.name]  # cached slots are free to take
+    second = prefix_run["second_prefill"]["prom"]
+    hits = second[c.PREFIX_HIT_TOKENS.name] - idle[c.PREFIX_HIT_TOKENS.name]
+    assert hits == sum(system + t - 1 for t in tails)
+    assert prefix_run["second_idle"]["prom"][c.SLOTS_USED.name] == 0
+
+
+def test_evictions_are_counted_and_free_exactly_what_was_needed(prefix_run):
+    from proxima.metrics import catalog as c
+
+    before, after = prefix_run["second_idle"]["prom"], prefix_run["flood_idle"]["prom"]
+    evicted = after[c.PREFIX_EVICTED_TOKENS.name] - before[c.PREFIX_EVICTED_TOKENS.name]
+    assert evicted > 0
+    total = after[c.SLOTS_TOTAL.name]
+    # Whatever is cached now plus what was evicted is everything ever cached: nothing lost.
+    flood_cached = prefix_run["flood"] * 200
+    assert after[c.SLOTS_CACHED.name] + evicted == before[c.SLOTS_CACHED.name] + flood_cached
+    assert after[c.SLOTS_CACHED.name] <= total and after[c.SLOTS_USED.name] == 0
