@@ -42,7 +42,9 @@ def session_servers(request, tiny_model, server_logs) -> dict[str, ManagedServer
     on the first test that asks for any of them."""
     servers = {
         variant: ManagedServer(ServerSpec(model=tiny_model, variant=variant, args=SERVER_ARGS,
-                                          log_path=server_logs / f"{variant}.log"))
+                                          log_path=server_logs / f"{variant}.log",
+                                          # vLLM's dev endpoints (POST /reset_prefix_cache)
+                                          env={"VLLM_SERVER_DEV_MODE": "1"}))
         for variant in ("token", "stock", "block")
     }
     for server in servers.values():

@@ -102,7 +102,7 @@ def test_preempted_in_the_step_it_was_scheduled_uncaches_what_it_did_not_compute
 
 
 def test_eviction_is_lru_and_token_exact():
-    cache = TokenSlotCache(100, caching=True, check_invariants=True)
+    cache = TokenSlotCache(100, caching=True, check_invariants=True, evict_chunk=1)
     for rid, base in (("old", 0), ("new", 500)):
         tokens = list(range(base, base + 40))
         admit(cache, rid, tokens)
@@ -112,6 +112,18 @@ def test_eviction_is_lru_and_token_exact():
     assert cache.counters.evicted_tokens == 10
     assert cache.lookup(NS, np.arange(0, 40)).num_tokens == 30  # the old entry lost its tail
     assert cache.lookup(NS, np.arange(500, 540)).num_tokens == 40
+
+
+def test_eviction_takes_a_chunk_at_a_time_oldest_first():
+    cache = TokenSlotCache(100, caching=True, check_invariants=True, evict_chunk=50)
+    for rid, base in (("old", 0), ("new", 500)):
+        tokens = list(range(base, base + 40))
+        admit(cache, rid, tokens)
+        cache.release(rid, tokens, 40)
+    assert cache.allocate("x", 21, None, namespace=NS) is not None  # 20 free: evicts 50, not 1
+    assert cache.counters.evicted_tokens == 50 and cache.allocator.num_free == 49
+    assert cache.lookup(NS, np.arange(0, 40)) is None
+    assert cache.lookup(NS, np.arange(500, 540)).num_tokens == 30
 
 
 def test_allocation_never_evicts_the_hit_it_is_admitting():

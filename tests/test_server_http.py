@@ -116,6 +116,26 @@ def test_startup_line_states_allocator_slots_and_bytes_per_token(proxima_server)
     assert "Proxima: allocator=token slots=32768 kv_bytes_per_token=1024" in log
 
 
+def test_shared_prompts_hit_the_token_prefix_cache_and_reset_empties_it(proxima_server, tiny_model):
+    url = proxima_server.url
+    system = "you are a helpful assistant for the memory cache team " * 6
+    before = scrape_sync(url)
+    for question in ("what is a slot", "what is a block"):
+        r = _complete(url, tiny_model, prompt=system + question, max_tokens=4, temperature=0)
+        assert r.status_code == 200, r.text
+    after = scrape_sync(url)
+    hits = after.prefix_cache_hits_total - before.prefix_cache_hits_total
+    assert hits >= len(system.split()) - 1  # the second request reused the whole system prompt
+    assert after.proxima.prefix_hit_tokens_total - before.proxima.prefix_hit_tokens_total == hits
+    assert after.proxima.slots_cached > 0 and after.proxima.slots_used == 0
+    r = httpx.post(f"{url}/reset_prefix_cache", timeout=30)
+    assert r.status_code == 200, r.text
+    _assert_still_serving(url, tiny_model)  # publishes the state after the reset
+    assert scrape_sync(url).proxima.slots_cached < after.proxima.slots_cached
+    log = proxima_server.spec.log_path.read_text(errors="replace")
+    assert "prefix_cache=on" in log
+
+
 def test_unsupported_option_is_refused_before_start(tiny_model):
     proc = subprocess.run(
         [sys.executable, "-m", "proxima.cli.main", "serve", tiny_model, "--kv-cache-dtype", "fp8"],

@@ -236,7 +236,7 @@ class SlotKVCacheManager:
         slots = cache.allocate(request_id, num_needed, hit, reserve, namespace, must_fit)
         if slots is None:
             return None
-        if cache.caching and not delay_cache_blocks:
+        if cache.caching and not delay_cache_blocks and num_computed < request.num_prompt_tokens:
             # Prompt tokens join the cache as soon as they are scheduled (vLLM caches a block
             # once allocated for computation); generated ones when the request lets go.
             cache.cache(request_id, request.all_token_ids,

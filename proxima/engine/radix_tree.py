@@ -237,8 +237,8 @@ class RadixTree:
                 self._remove(node)
             else:  # keep the head of the run: its prefix is still a valid cache entry
                 freed.append(node.slots[size - take:])
-                node.tokens = node.tokens[: size - take].copy()
-                node.slots = node.slots[: size - take].copy()
+                node.tokens = node.tokens[: size - take]  # views: no copy per trim
+                node.slots = node.slots[: size - take]
                 node.end -= take
                 self.num_evictable -= take
                 self._push(node)

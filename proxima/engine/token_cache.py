@@ -36,6 +36,10 @@ from proxima.engine.slot_allocator import SlotAllocator
 from proxima.engine.slot_table import RequestSlotTable
 
 
+# Slots evicted at least per eviction, when one is needed (a few percent of a small cache).
+EVICT_CHUNK = 64
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixHit:
     """What `lookup` found: the path's end node, its length, and its slots in token order."""
@@ -65,7 +69,7 @@ class CacheCounters:
 
 class TokenSlotCache:
     def __init__(self, num_slots: int, caching: bool, reference_block: int = 16,
-                 check_invariants: bool = False) -> None:
+                 check_invariants: bool = False, evict_chunk: int = EVICT_CHUNK) -> None:
         self.allocator = SlotAllocator(num_slots, check_invariants=check_invariants)
         self.table = RequestSlotTable()
         self.tree = RadixTree(reference_block)
@@ -73,6 +77,7 @@ class TokenSlotCache:
         self.reference_block = reference_block
         self.check_invariants = check_invariants
         self.counters = CacheCounters()
+        self.evict_chunk = evict_chunk
         self._paths: dict[str, _Path] = {}
 
     # -- sizes ----------------------------------------------------------------------------------
@@ -131,7 +136,9 @@ class TokenSlotCache:
                 self.tree.unlock(hit.node)
             return None
         if num_new > self.allocator.num_free:
-            self._evict(num_new - self.allocator.num_free)
+            # At least EVICT_CHUNK at a time: a full cache otherwise evicts one slot per decode
+            # per request, and each eviction is a heap pop and a free (scripts/bench_prefix_cache.py).
+            self._evict(max(num_new - self.allocator.num_free, self.evict_chunk))
         if path is None:
             if locked:
                 self._paths[request_id] = _Path(hit.namespace, hit.node, hit.num_tokens)
