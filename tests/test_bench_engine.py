@@ -230,3 +230,21 @@ def test_an_interrupted_bench_writes_the_levels_that_finished(proxima_server, tm
     assert run["stopped"] == "interrupted after c=1"
     assert data["notes"][0].startswith("Interrupted")
     assert "c=1" in stdout  # the finished level's table is shown too
+
+
+def test_multi_turn_resends_each_answer_and_the_token_cache_serves_it(proxima_server, tmp_path):
+    out = tmp_path / "out"
+    result = runner.invoke(app, [
+        "bench", "--url", proxima_server.url, "-c", "2", "-n", "2", "--workload", "multi-turn",
+        "--prompt-tokens", "10-20", "--max-tokens", "8", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    (level,) = json.loads((out / "results.json").read_text())["runs"][0]["levels"]
+    # Two conversations of four turns, each turn sent after the previous answer came back.
+    assert (level["num_sent"], level["completed"], level["failed"]) == (8, 8, 0)
+    assert level["server_requests_finished"] == 8
+    # Every later turn resends the system prompt and the conversation so far: most of what the
+    # server looks up is served from its token-exact prefix cache.
+    assert level["prefix_cache_hit_rate"] > 0.5
+    rows = [json.loads(line) for line in (out / "workload.jsonl").read_text().splitlines()]
+    assert all(len(r["followups"]) == 3 for r in rows)

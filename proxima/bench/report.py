@@ -69,6 +69,7 @@ COLUMNS = (
     ("E2E p99 s", _e2e("p99"), True),
     ("peak running", lambda lv: _num(lv.peak_running), True),
     ("preempt", lambda lv: _num(lv.preemptions), True),
+    ("prefix hits", lambda lv: _pct(lv.prefix_cache_hit_rate), True),
     ("peak KV", lambda lv: _pct(lv.peak_kv_usage), True),
     ("peak frag", lambda lv: _pct(lv.peak_fragmentation), True),
     ("peak GPU GiB", lambda lv: _gib(lv.peak_gpu_memory_bytes), True),

@@ -70,6 +70,8 @@ class LevelResult:
     peak_running: float | None = None
     peak_waiting: float | None = None
     preemptions: float | None = None
+    # Prompt tokens the server served from its prefix cache / tokens it looked up, this level.
+    prefix_cache_hit_rate: float | None = None
     peak_kv_usage: float | None = None
     peak_token_usage: float | None = None
     peak_fragmentation: float | None = None
@@ -223,7 +225,8 @@ CSV_COLUMNS = (
     "duration_s", "rps", "output_tps", "total_tps", "prompt_tokens", "output_tokens",
     "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "itl_p50_s", "itl_p95_s", "itl_p99_s",
     "tpot_p50_s", "tpot_p95_s", "tpot_p99_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s",
-    "peak_in_flight", "peak_running", "peak_waiting", "preemptions", "peak_kv_usage", "peak_token_usage",
+    "peak_in_flight", "peak_running", "peak_waiting", "preemptions", "prefix_cache_hit_rate",
+    "peak_kv_usage", "peak_token_usage",
     "peak_fragmentation", "peak_gpu_memory_bytes", "client_cpu", "client_loop_lag_p99_s",
     "client_overhead_us_per_token", "server_requests_finished", "server_prompt_tokens",
     "server_generation_tokens", "aborted",

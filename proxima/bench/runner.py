@@ -14,7 +14,7 @@ import contextlib
 import datetime as dt
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from proxima.bench import workload as wl
@@ -90,7 +90,7 @@ def prepare_workload(plan: BenchPlan, url: str, model: str) -> wl.Workload:
                 work = wl.generate(plan.workload, word_costs, max_len)
             counts = await count_prompt_tokens(http, url, model, [r.prompt for r in work.requests])
             if counts is not None:
-                work.requests = [wl.BenchRequest(r.prompt, r.max_tokens, n)
+                work.requests = [replace(r, prompt_tokens=n)
                                  for r, n in zip(work.requests, counts)]
                 work.token_counting = wl.SERVER_TOKENIZER
             return work

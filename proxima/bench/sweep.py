@@ -312,6 +312,10 @@ def summarize(label: str, kind: str, value: float, state: _LevelState, duration:
     level.peak_gpu_memory_bytes = max(gpu) if gpu else None
     if before.ok and after.ok:
         level.preemptions = after.preemptions_total - before.preemptions_total
+        queries = after.prefix_cache_queries_total - before.prefix_cache_queries_total
+        if queries > 0:
+            level.prefix_cache_hit_rate = (after.prefix_cache_hits_total
+                                           - before.prefix_cache_hits_total) / queries
         level.server_requests_finished = after.requests_finished_total - before.requests_finished_total
         level.server_prompt_tokens = after.prompt_tokens_total - before.prompt_tokens_total
         level.server_generation_tokens = after.generation_tokens_total - before.generation_tokens_total
