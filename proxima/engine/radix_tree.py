@@ -45,7 +45,7 @@ _EMPTY_TOKENS = np.empty(0, dtype=TOKEN_DTYPE)
 
 
 class Node:
-    __slots__ = ("tokens", "slots", "children", "parent", "end", "lock_ref", "last_access")
+    __slots__ = ("children", "end", "last_access", "lock_ref", "parent", "slots", "tokens")
 
     def __init__(self, tokens: np.ndarray, slots: np.ndarray, parent: Node | None, end: int) -> None:
         self.tokens = tokens

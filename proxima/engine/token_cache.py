@@ -35,7 +35,6 @@ from proxima.engine.radix_tree import TOKEN_DTYPE, Node, RadixTree
 from proxima.engine.slot_allocator import SlotAllocator
 from proxima.engine.slot_table import RequestSlotTable
 
-
 # Slots evicted at least per eviction, when one is needed (a few percent of a small cache).
 EVICT_CHUNK = 64
 
