@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (after .gpu-bundle/device.sh install): kernel tests, decode microbenchmark,
 # end-to-end A/B. Logs and JSON go to $OUT.
-# usage: bash scripts/gpu/run.sh {kernels|mixed|sweep|sweep-prefill|prefill-stages|e2e}
+# usage: bash scripts/gpu/run.sh {kernels|mixed|sweep|sweep-prefill|prefill-stages|prefix|e2e}
 #        [e2e options: --only NAME,... --profile]
 set -uo pipefail
 source /tmp/gpu-env
@@ -24,10 +24,16 @@ sweep-prefill) bench sweep_prefill sweep-prefill ;;
 prefill-stages)
   python3 scripts/gpu/prefill_stages.py 2>&1 | grep -v Warning | tee "$out/prefill-stages.txt"
   ;;
+prefix)
+  shift
+  python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
+  python3 scripts/gpu/prefix_bench.py /tmp/llama8b "$out" "$@" 2>&1 | grep -v -i warning | tee "$out/prefix.txt"
+  (cd "$out" && tar czf prefix-bench.tgz bench-* logs && rm -rf bench-* logs)
+  ;;
 e2e)
   shift
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
   python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e" "$@" 2>&1 | tee "$out/e2e.txt"
   ;;
-*) echo "usage: run.sh kernels|mixed|sweep|sweep-prefill|prefill-stages|e2e" >&2; exit 2 ;;
+*) echo "usage: run.sh kernels|mixed|sweep|sweep-prefill|prefill-stages|prefix|e2e" >&2; exit 2 ;;
 esac
