@@ -118,11 +118,12 @@ def test_startup_line_states_allocator_slots_and_bytes_per_token(proxima_server)
 
 def test_unsupported_option_is_refused_before_start(tiny_model):
     proc = subprocess.run(
-        [sys.executable, "-m", "proxima.cli.main", "serve", tiny_model, "--kv-cache-dtype", "fp8"],
+        [sys.executable, "-m", "proxima.cli.main", "serve", tiny_model, "--kv-cache-dtype",
+         "fp8_per_token_head"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2
-    assert "--kv-cache-dtype fp8" in proc.stderr
+    assert "--kv-cache-dtype fp8_per_token_head" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
