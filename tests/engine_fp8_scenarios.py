@@ -37,7 +37,8 @@ def run(model: str, variant: str, kv_cache_dtype: str, block_size: int) -> dict:
     for r in results:
         completion = r.outputs[0]
         outputs.append(list(completion.token_ids))
-        logprobs.append([step[token].logprob for token, step in zip(completion.token_ids, completion.logprobs)])
+        chosen = zip(completion.token_ids, completion.logprobs)
+        logprobs.append([step[token].logprob for token, step in chosen])
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     out = {
         "variant": variant, "kv_cache_dtype": kv_cache_dtype, "block_size": block_size,

@@ -56,10 +56,10 @@ def _kv_cache_dtype_problems(cache) -> list[str]:
     if dtype in ("auto", None):
         return []
     if dtype not in FP8_KV_CACHE_DTYPES:
-        return [
+        return [(
             f"--kv-cache-dtype {dtype}: Proxima stores K/V in the model dtype or as fp8 "
             f"({', '.join(FP8_KV_CACHE_DTYPES)}); pick one of those or drop the flag"
-        ]
+        )]
     problems = []
     if getattr(cache, "kv_cache_dtype_skip_layers", None):
         # Skipped layers keep the model dtype: two page sizes, which one slot pool cannot hold.
