@@ -8,6 +8,7 @@ allocation runs under Proxima's observing scheduler (PROXIMA_ALLOCATOR=block), w
 vLLM's block manager untouched and only reads it.
 
 usage: python scripts/bench_capacity.py [--model DIR] [--requests 400] [--kv-tokens 8192] [--json OUT]
+       [--kv-cache-dtype auto|fp8]   (fp8: every engine stores e4m3 K/V in the same budget of bytes)
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
             for _ in range(n)]
 
 
-def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_tokens: int, seed: int) -> dict:
+def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_tokens: int, seed: int,
+               kv_cache_dtype: str = "auto") -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["PROXIMA_ALLOCATOR"] = allocator
     # Every figure below is per scheduler step: publish the KV telemetry on every step.
@@ -42,7 +44,7 @@ def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_to
     llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=seed,
               block_size=block_size, kv_cache_memory_bytes=kv_tokens * 1024,
               max_num_seqs=512, max_num_batched_tokens=2048, enable_prefix_caching=False,
-              scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
+              scheduler_cls="proxima.engine.scheduler.ProximaScheduler", kv_cache_dtype=kv_cache_dtype)
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
     steps: list[tuple[int, int, int, float]] = []
@@ -91,6 +93,7 @@ def run_engine(model: str, allocator: str, block_size: int, requests: int, kv_to
     step_times = arr[:, 3]
     result = {
         "allocator": allocator, "block_size": block_size, "requests": requests,
+        "kv_cache_dtype": kv_cache_dtype,
         "slots_total": scheduler.last_kv_stats.slots_total,
         "slot_efficiency_mean": float(np.mean(busy[:, 0] / busy[:, 1])),
         "running_peak": int(arr[:, 2].max()), "running_mean": float(busy[:, 2].mean()),
@@ -113,11 +116,13 @@ def main() -> None:
     p.add_argument("--kv-tokens", type=int, default=8192, help="KV budget in tokens of the tiny model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--kv-cache-dtype", default="auto", help="vLLM's --kv-cache-dtype for every engine")
     p.add_argument("--child", nargs=2, metavar=("VARIANT", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         allocator, block = VARIANTS[args.child[0]]
-        res = run_engine(args.model, allocator, block, args.requests, args.kv_tokens, args.seed)
+        res = run_engine(args.model, allocator, block, args.requests, args.kv_tokens, args.seed,
+                         args.kv_cache_dtype)
         Path(args.child[1]).write_text(json.dumps(res))
         return
     model = args.model
@@ -131,6 +136,7 @@ def main() -> None:
             env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
             subprocess.run([sys.executable, __file__, "--model", model, "--requests", str(args.requests),
                             "--kv-tokens", str(args.kv_tokens), "--seed", str(args.seed),
+                            "--kv-cache-dtype", args.kv_cache_dtype,
                             "--child", name, out.name], check=True, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             results[name] = json.loads(Path(out.name).read_text())
