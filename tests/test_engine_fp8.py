@@ -43,7 +43,23 @@ def _run(tiny_model: str, name: str, tmp_path: Path) -> dict:
 @pytest.fixture(scope="module")
 def runs(tiny_model, tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("fp8")
-    return {name: _run(tiny_model, name, tmp) for name in RUNS}
+    results = {name: _run(tiny_model, name, tmp) for name in RUNS}
+    print_agreement(results)  # the figures docs/benchmarks.md quotes (pytest -s shows them)
+    return results
+
+
+def print_agreement(runs: dict[str, dict]) -> None:
+    for name, run in runs.items():
+        print(f"{name}: slots {run['after']['slots_total']}, preemptions {run['preemptions']}, "
+              f"bytes/token {run.get('bytes_per_token')}")
+    for a, b in (("proxima-fp8", "stock-fp8-b32"), ("stock-fp8-b32", "stock-fp8-b128"),
+                 ("proxima-fp8", "proxima-float32"), ("stock-fp8-b32", "proxima-float32")):
+        identical, positions, diffs = agreement(runs[a], runs[b])
+        total = sum(len(o) for o in runs[b]["outputs"])
+        first = [abs(x[0] - y[0]) for x, y in zip(runs[a]["logprobs"], runs[b]["logprobs"])]
+        print(f"{a} vs {b}: {identical}/120 sequences identical, {positions}/{total} positions equal; "
+              f"|logprob diff| over common prefixes max {max(diffs):.3g} mean {statistics.mean(diffs):.3g}; "
+              f"first token median {statistics.median(first):.3g} max {max(first):.3g}")
 
 
 def agreement(a: dict, b: dict) -> tuple[int, int, list[float]]:
