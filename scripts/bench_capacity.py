@@ -15,7 +15,8 @@ leaves vLLM's block manager and its prefix cache untouched and only reads them. 
 attention needs blocks that are multiples of 32, so stock block 16 runs on the GPU only.
 
 usage: python scripts/bench_capacity.py [--workload short-chat] [--model DIR] [--requests 400]
-                                        [--kv-tokens 8192] [--json OUT]
+                                        [--kv-tokens 8192] [--json OUT] [--kv-cache-dtype auto|fp8]
+(fp8: every engine stores e4m3 K/V in the same budget of bytes)
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def next_turn(rng: random.Random, conversation: list[int], answer: list[int]) ->
 
 
 def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_tokens: int,
-               seed: int) -> dict:
+               seed: int, kv_cache_dtype: str = "auto") -> dict:
     allocator, block_size, prefix_caching = VARIANTS[variant]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["PROXIMA_ALLOCATOR"] = allocator
@@ -69,7 +70,7 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
     llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=seed,
               block_size=block_size, kv_cache_memory_bytes=kv_tokens * 1024,
               max_num_seqs=512, max_num_batched_tokens=2048, enable_prefix_caching=prefix_caching,
-              scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
+              scheduler_cls="proxima.engine.scheduler.ProximaScheduler", kv_cache_dtype=kv_cache_dtype)
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
     steps: list[tuple[int, int, int, float]] = []
@@ -136,6 +137,7 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
     result = {
         "variant": variant, "workload": workload_name, "allocator": allocator,
         "block_size": block_size, "prefix_caching": prefix_caching, "requests": submitted,
+        "kv_cache_dtype": kv_cache_dtype,
         "slots_total": scheduler.last_kv_stats.slots_total,
         "slot_efficiency_mean": float(np.mean(busy[:, 0] / busy[:, 1])),
         "running_peak": int(arr[:, 2].max()), "running_mean": float(busy[:, 2].mean()),
@@ -162,11 +164,12 @@ def main() -> None:
     p.add_argument("--kv-tokens", type=int, default=8192, help="KV budget in tokens of the tiny model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--kv-cache-dtype", default="auto", help="vLLM's --kv-cache-dtype for every engine")
     p.add_argument("--child", nargs=2, metavar=("VARIANT", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         res = run_engine(args.model, args.child[0], args.workload, args.requests, args.kv_tokens,
-                         args.seed)
+                         args.seed, args.kv_cache_dtype)
         Path(args.child[1]).write_text(json.dumps(res))
         return
     model = args.model
@@ -179,7 +182,7 @@ def main() -> None:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
             subprocess.run([sys.executable, __file__, "--model", model, "--requests", str(args.requests),
-                            "--workload", args.workload,
+                            "--workload", args.workload, "--kv-cache-dtype", args.kv_cache_dtype,
                             "--kv-tokens", str(args.kv_tokens), "--seed", str(args.seed),
                             "--child", name, out.name], check=True, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -187,7 +190,8 @@ def main() -> None:
     cols = ["slots_total", "slot_efficiency_mean", "running_peak", "running_mean", "preemptions",
             "prompt_tokens", "cache_hit_tokens", "tokens_computed", "output_tokens_per_s",
             "schedule_ms_p50", "schedule_ms_p99"]
-    print(f"workload {args.workload}, {args.kv_tokens} KV token slots of the tiny model")
+    print(f"workload {args.workload}, a KV budget of {args.kv_tokens} float32 tokens of the tiny "
+          f"model, KV dtype {args.kv_cache_dtype}")
     print(f"{'engine':<16}" + "".join(f"{c:>20}" for c in cols))
     for name, r in results.items():
         print(f"{name:<16}" + "".join(f"{r[c]:>20.3f}" if isinstance(r[c], float) else f"{r[c]:>20}"

@@ -138,11 +138,12 @@ def test_shared_prompts_hit_the_token_prefix_cache_and_reset_empties_it(proxima_
 
 def test_unsupported_option_is_refused_before_start(tiny_model):
     proc = subprocess.run(
-        [sys.executable, "-m", "proxima.cli.main", "serve", tiny_model, "--kv-cache-dtype", "fp8"],
+        [sys.executable, "-m", "proxima.cli.main", "serve", tiny_model, "--kv-cache-dtype",
+         "fp8_per_token_head"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2
-    assert "--kv-cache-dtype fp8" in proc.stderr
+    assert "--kv-cache-dtype fp8_per_token_head" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

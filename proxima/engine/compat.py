@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import logging
 
+# The quantised KV caches Proxima's slot kernels store (attention/quant.py: vLLM's per-tensor or
+# per-head scaled fp8). Kept here as names so that this check imports neither torch nor vLLM.
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
 logger = logging.getLogger(__name__)
 
 
@@ -23,10 +27,7 @@ def unsupported_options(vllm_config) -> list[str]:
             f"--block-size {cache.block_size}: Proxima allocates single-token slots; drop "
             "--block-size, or use --proxima-allocator block for block allocation"
         )
-    if cache.cache_dtype not in ("auto", None):
-        problems.append(
-            f"--kv-cache-dtype {cache.cache_dtype}: Proxima stores K/V in the model dtype; drop the flag"
-        )
+    problems.extend(_kv_cache_dtype_problems(cache))
     if model is not None:
         if model.use_mla:
             problems.append("multi-head latent attention (MLA) models are not supported by Proxima")
@@ -48,3 +49,36 @@ def unsupported_options(vllm_config) -> list[str]:
     if getattr(parallel, "decode_context_parallel_size", 1) > 1:
         problems.append("--decode-context-parallel-size > 1 is not supported by Proxima")
     return problems
+
+
+def _kv_cache_dtype_problems(cache) -> list[str]:
+    dtype = cache.cache_dtype
+    if dtype in ("auto", None):
+        return []
+    if dtype not in FP8_KV_CACHE_DTYPES:
+        return [(
+            f"--kv-cache-dtype {dtype}: Proxima stores K/V in the model dtype or as fp8 "
+            f"({', '.join(FP8_KV_CACHE_DTYPES)}); pick one of those or drop the flag"
+        )]
+    problems = []
+    if getattr(cache, "kv_cache_dtype_skip_layers", None):
+        # Skipped layers keep the model dtype: two page sizes, which one slot pool cannot hold.
+        problems.append(
+            "--kv-cache-dtype-skip-layers: Proxima keeps one KV dtype for every layer; drop the flag"
+        )
+    capability = _cuda_capability()
+    if capability is not None and capability < (8, 9):
+        problems.append(
+            f"--kv-cache-dtype {dtype}: Proxima's fp8 kernels need a GPU of compute capability 8.9 "
+            f"or newer (this one is {capability[0]}.{capability[1]}); drop the flag"
+        )
+    return problems
+
+
+def _cuda_capability() -> tuple[int, int] | None:
+    """The first CUDA device's compute capability, or None where there is no CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(0)

@@ -5,6 +5,9 @@ weights, bf16). Each engine configuration runs in its own process (plugin regist
   ample        8 GiB of KV, 256 requests (20-120 word prompts, 128 tokens): compute-bound tok/s
   tight        1 GiB of KV, 512 short-chat requests: running requests, preemptions, tok/s
 
+Engines named *-fp8* run with --kv-cache-dtype fp8 (e4m3, vLLM's default scale 1.0 on these
+uncalibrated weights): the same 1 GiB holds twice the tokens (run.sh e2e-fp8 runs those).
+
 With --profile, each throughput job also reports where a step's time goes: host time per step
 in the scheduler and in the model runner, host time per eager attention call (mixed steps run
 attention outside CUDA graphs), from a second pass under torch.profiler GPU kernel time by kind
@@ -51,9 +54,19 @@ ENGINES = {
     "proxima-seeded": (True, "CUSTOM", 2 * GiB, ["greedy"]),
     # Control: two stock kernels against each other, to size bf16 divergence between kernels.
     "stock-fa3-seeded": (False, "FLASH_ATTN", 2 * GiB, ["greedy"]),
+    # fp8 KV cache. Stock GPU backends also quantise the queries to fp8 (q_scale 1.0); Proxima
+    # keeps them bf16, so greedy agreement is judged against the stock-vs-stock control pair.
+    "stock-fa3-1g-fp8": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
+    "stock-fa3-1g-fp8-full": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
+    "proxima-1g-fp8": (True, "CUSTOM", 1 * GiB, ["tight"]),
+    "proxima-1g-fp8-full": (True, "CUSTOM", 1 * GiB, ["tight"]),
+    "stock-triton-seeded-fp8": (False, "TRITON_ATTN", 2 * GiB, ["greedy"]),
+    "stock-fa3-seeded-fp8": (False, "FLASH_ATTN", 2 * GiB, ["greedy"]),
+    "proxima-seeded-fp8": (True, "CUSTOM", 2 * GiB, ["greedy"]),
 }
-SEEDED = {"stock-triton-seeded", "proxima-seeded", "stock-fa3-seeded"}
+SEEDED = {name for name in ENGINES if "-seeded" in name}
 FULL_GRAPHS = {name for name in ENGINES if name.endswith("-full")}
+FP8 = {name for name in ENGINES if "-fp8" in name}
 
 
 def build_seeded_model(path: Path) -> None:
@@ -195,6 +208,8 @@ def child(model: str, name: str, out: Path, profile: bool = False) -> None:
               attention_backend=backend)
     if name in FULL_GRAPHS:
         kw["compilation_config"] = {"cudagraph_mode": "FULL"}
+    if name in FP8:
+        kw["kv_cache_dtype"] = "fp8"
     if proxima is True:
         kw.update(block_size=1, scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
     elif proxima == "block":
@@ -308,7 +323,11 @@ def main() -> None:
 def summarize(out_dir: Path) -> None:
     res = {p.stem: json.loads(p.read_text()) for p in out_dir.glob("*.json") if p.stem in ENGINES}
     for ours, theirs in (("proxima-8g", "stock-triton-8g"), ("proxima-seeded", "stock-triton-seeded"),
-                         ("proxima-seeded", "stock-fa3-seeded"), ("stock-fa3-seeded", "stock-triton-seeded")):
+                         ("proxima-seeded", "stock-fa3-seeded"), ("stock-fa3-seeded", "stock-triton-seeded"),
+                         ("proxima-seeded-fp8", "stock-triton-seeded-fp8"),
+                         ("proxima-seeded-fp8", "stock-fa3-seeded-fp8"),
+                         ("stock-fa3-seeded-fp8", "stock-triton-seeded-fp8"),
+                         ("proxima-seeded-fp8", "proxima-seeded")):
         if ours in res and theirs in res and "greedy" in res[ours]:
             compare_greedy(ours, theirs, res[ours]["greedy"], res[theirs]["greedy"])
     summarize_throughput(res)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (after .gpu-bundle/device.sh install): kernel tests, decode microbenchmark,
 # end-to-end A/B. Logs and JSON go to $OUT.
-# usage: bash scripts/gpu/run.sh {kernels|mixed|sweep|sweep-prefill|prefill-stages|prefix|e2e}
+# usage: bash scripts/gpu/run.sh {kernels|mixed|sweep|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8}
 #        [e2e options: --only NAME,... --profile]
 set -uo pipefail
 source /tmp/gpu-env
@@ -19,6 +19,19 @@ kernels)
   bench bench_decode decode
   ;;
 mixed) bench bench_mixed mixed ;;
+fp8)  # fp8 KV kernel tests, then decode under graph replay: Proxima fp8 vs FA3 fp8 (and both bf16)
+  python3 -m pytest -q -p no:cacheprovider tests/test_attention_fp8.py 2>&1 | tail -5 \
+    | tee "$out/fp8-kernel-tests.txt"
+  bench bench_fp8 fp8-decode
+  ;;
+e2e-fp8)  # the 1 GiB budget with fp8 KV (and the bf16 pair for reference), greedy fp8 on seeded weights
+  shift
+  python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
+  python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e-fp8" --only \
+    stock-fa3-1g-fp8-full,proxima-1g-fp8-full,stock-fa3-1g-fp8,proxima-1g-fp8,stock-fa3-1g-full,\
+proxima-1g-full,stock-triton-seeded-fp8,stock-fa3-seeded-fp8,proxima-seeded-fp8,proxima-seeded "$@" \
+    2>&1 | tee "$out/e2e-fp8.txt"
+  ;;
 sweep) bench sweep_decode sweep ;;
 sweep-prefill) bench sweep_prefill sweep-prefill ;;
 prefill-stages)
@@ -35,5 +48,5 @@ e2e)
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
   python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e" "$@" 2>&1 | tee "$out/e2e.txt"
   ;;
-*) echo "usage: run.sh kernels|mixed|sweep|sweep-prefill|prefill-stages|prefix|e2e" >&2; exit 2 ;;
+*) echo "usage: run.sh kernels|mixed|sweep|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8" >&2; exit 2 ;;
 esac

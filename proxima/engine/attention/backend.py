@@ -9,6 +9,10 @@ and `triton_attention` (the CUDA path).
 KV layout (why): one tensor per layer of shape (num_slots, 1, Hkv, 2*D), K and V side by side
 per head as in vLLM 0.26's own backends. A token's K/V for all heads is one contiguous row, so a
 gather through the slot table reads whole rows whatever order the slots are in.
+
+fp8 KV cache (``--kv-cache-dtype fp8|fp8_e4m3|fp8_e5m2``): vLLM allocates the cache as uint8 and
+this backend views it as the fp8 type; each layer's ``_k_scale`` / ``_v_scale`` (one element,
+or one per KV head) go to both implementations as tensors (``quant.py`` states the semantics).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 
+from proxima.engine.attention.quant import FP8_KV_DTYPES, KVScales, storage_dtype
 from proxima.engine.attention.reference import slot_attention_torch, write_kv
 
 # vLLM looks the name up in its backend enum: CUSTOM is the slot for third-party backends.
@@ -36,7 +41,7 @@ class ProximaSlotAttentionBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = False
     accept_output_buffer: bool = True
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list] = ["auto"]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", *FP8_KV_DTYPES]
 
     @staticmethod
     def get_supported_kernel_block_sizes() -> list[int]:
@@ -45,6 +50,10 @@ class ProximaSlotAttentionBackend(AttentionBackend):
     @classmethod
     def supports_block_size(cls, block_size: int | None) -> bool:
         return block_size in (None, 1)
+
+    @classmethod
+    def supports_per_head_quant_scales(cls) -> bool:
+        return True  # the kernels read scale[kv_head]: one element or Hkv of them, alike
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
@@ -149,7 +158,8 @@ class ProximaSlotAttentionImpl(AttentionImpl):
             "logits soft cap": bool(logits_soft_cap),
             "attention sinks": sinks is not None,
             f"attention type {attn_type}": attn_type != AttentionType.DECODER,
-            f"KV cache dtype {kv_cache_dtype}": kv_cache_dtype != "auto",
+            f"KV cache dtype {kv_cache_dtype}": (kv_cache_dtype != "auto"
+                                                 and storage_dtype(kv_cache_dtype) is None),
         }
         if any(refused.values()):
             names = ", ".join(k for k, v in refused.items() if v)
@@ -159,17 +169,30 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
+        self.fp8_dtype = storage_dtype(kv_cache_dtype)  # None: K/V stored in the model dtype
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self._kv_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._scales: KVScales | None = None
         self._variants_ready = False
 
     def _split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # A layer's cache tensor lives as long as the engine: make its K and V views once, not
         # twice per layer per step (host time counts in steps that run outside CUDA graphs).
         if self._kv_views is None or self._kv_views[0] is not kv_cache:
-            rows = kv_cache.view(kv_cache.shape[0], self.num_kv_heads, 2 * self.head_size)
+            # vLLM allocates an fp8 cache as uint8; reading those codes as values would be wrong.
+            cache = kv_cache if self.fp8_dtype is None else kv_cache.view(self.fp8_dtype)
+            rows = cache.view(kv_cache.shape[0], self.num_kv_heads, 2 * self.head_size)
             self._kv_views = (kv_cache, rows[..., : self.head_size], rows[..., self.head_size :])
         return self._kv_views[1], self._kv_views[2]
+
+    def _kv_scales(self, layer: torch.nn.Module) -> KVScales | None:
+        """The layer's own scale tensors (read in place each step: calibration may update them)."""
+        if self.fp8_dtype is None:
+            return None
+        known = self._scales
+        if known is None or known.k is not layer._k_scale or known.v is not layer._v_scale:
+            self._scales = KVScales(layer._k_scale, layer._v_scale)
+        return self._scales
 
     def do_kv_cache_update(
         self,
@@ -182,12 +205,15 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         if self.kv_sharing_target_layer_name is not None:
             return
         k_cache, v_cache = self._split(kv_cache)
+        scales = self._kv_scales(layer)
         if key.is_cuda:
             from proxima.engine.attention.triton_attention import write_kv_triton
 
-            write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+            write_kv_triton(key, value, k_cache, v_cache, slot_mapping, scales)
         else:
-            write_kv(key, value, k_cache, v_cache, slot_mapping)
+            # Toward zero, as vLLM's CPU writer (cpu_attn_reshape_and_cache) quantises: the same
+            # model then holds the same fp8 cache under Proxima and stock vLLM on CPU.
+            write_kv(key, value, k_cache, v_cache, slot_mapping, scales, rounding="toward_zero")
 
     def forward(
         self,
@@ -208,6 +234,7 @@ class ProximaSlotAttentionImpl(AttentionImpl):
             return output.fill_(0)
         m = attn_metadata
         k_cache, v_cache = self._split(kv_cache)
+        scales = self._kv_scales(layer)
         q = query.view(query.shape[0], self.num_heads, self.head_size)
         out = output.view(output.shape[0], self.num_heads, self.head_size)
         if q.is_cuda:
@@ -218,15 +245,15 @@ class ProximaSlotAttentionImpl(AttentionImpl):
 
             if not self._variants_ready:  # first calls run in vLLM's warm-up, before serving
                 self._variants_ready = precompile_attention_once(
-                    q, k_cache, v_cache, m.slot_table, m.query_start_loc, m.seq_lens, out)
+                    q, k_cache, v_cache, m.slot_table, m.query_start_loc, m.seq_lens, out, scales)
             slot_attention_triton(
                 q, k_cache, v_cache, m.slot_table, m.query_start_loc, m.seq_lens, self.scale, out,
                 num_actual_tokens=m.num_actual_tokens, max_query_len=m.max_query_len,
-                max_seq_len=m.max_seq_len,
+                max_seq_len=m.max_seq_len, kv_scales=scales,
             )
         else:
             slot_attention_torch(
                 q, k_cache, v_cache, m.slot_table, m.query_start_loc_cpu, m.seq_lens, self.scale,
-                out, num_actual_tokens=m.num_actual_tokens,
+                out, num_actual_tokens=m.num_actual_tokens, kv_scales=scales,
             )
         return output

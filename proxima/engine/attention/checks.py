@@ -4,12 +4,18 @@ Layer: called by both implementations (``reference`` and ``triton_attention``) b
 once per layer per step. No value is read from device memory (that would sync a GPU); each
 check builds its error message only when it fails, because this runs on the hot path.
 A failed check raises ValueError naming the argument and what was expected.
+
+fp8 caches (``quant.py``): a cache of an fp8 dtype comes with its layer's ``KVScales`` and a
+cache of the model dtype without; either mismatch raises, since it would mean reading raw fp8
+codes as values, or quantising twice.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from proxima.engine.attention.quant import KVScales, is_fp8
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -30,8 +36,30 @@ def check_unit_stride(who: str, named: tuple[tuple[str, Tensor], ...]) -> None:
             raise ValueError(f"{who}: {name} must have unit stride along D, got strides {t.stride()}")
 
 
+def check_kv_scales(who: str, k_cache: Tensor, v_cache: Tensor, scales: KVScales | None) -> None:
+    """An fp8 cache has scales of 1 or Hkv float32 elements on its device; any other cache none."""
+    fp8 = is_fp8(k_cache.dtype)
+    if fp8 != (scales is not None):
+        raise ValueError(
+            f"{who}: cache dtype {k_cache.dtype} "
+            + ("needs the layer's k/v scales" if fp8 else "is not fp8 but scales were given")
+        )
+    if scales is None:
+        return
+    num_kv_heads = k_cache.shape[1]
+    for name, scale in (("k_scale", scales.k), ("v_scale", scales.v)):
+        if scale.numel() not in (1, num_kv_heads) or scale.dtype != torch.float32:
+            raise ValueError(
+                f"{who}: {name} must be float32 with 1 or Hkv={num_kv_heads} elements, got "
+                f"{scale.dtype} shape {tuple(scale.shape)}"
+            )
+        if scale.device != k_cache.device:
+            raise ValueError(f"{who}: {name} is on {scale.device}, the cache on {k_cache.device}")
+
+
 def check_write_kv_args(
-    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+    scales: KVScales | None = None,
 ) -> None:
     """Shape/dtype contract of ``write_kv``; raises ValueError naming the offending argument."""
     if key.dim() != 3:
@@ -48,7 +76,9 @@ def check_write_kv_args(
         raise ValueError(
             f"write_kv: key rows {tuple(key.shape[1:])} do not match cache rows {tuple(k_cache.shape[1:])}"
         )
-    if not key.dtype == value.dtype == k_cache.dtype == v_cache.dtype:
+    check_kv_scales("write_kv", k_cache, v_cache, scales)
+    stored = key.dtype if scales is None else k_cache.dtype  # fp8 caches take model-dtype rows
+    if not (key.dtype == value.dtype and k_cache.dtype == v_cache.dtype == stored):
         raise ValueError(
             f"write_kv: key/value/k_cache/v_cache dtypes differ "
             f"({key.dtype}, {value.dtype}, {k_cache.dtype}, {v_cache.dtype}); cast before writing"
@@ -74,6 +104,7 @@ def check_attention_args(
     seq_lens: Tensor,
     output: Tensor,
     num_actual_tokens: int | None,
+    scales: KVScales | None = None,
 ) -> None:
     """Shape/dtype contract of slot attention (no value checks: those would sync a GPU)."""
     if query.dim() != 3:
@@ -94,7 +125,9 @@ def check_attention_args(
         raise ValueError(
             f"slot attention: v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}"
         )
-    if not k_cache.dtype == v_cache.dtype == query.dtype:
+    check_kv_scales("slot attention", k_cache, v_cache, scales)
+    stored = query.dtype if scales is None else k_cache.dtype
+    if not k_cache.dtype == v_cache.dtype == stored:
         raise ValueError(
             f"slot attention: k_cache/v_cache dtypes ({k_cache.dtype}, {v_cache.dtype}) must equal "
             f"query dtype {query.dtype}"

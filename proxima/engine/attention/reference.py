@@ -28,7 +28,10 @@ shapes and dtypes):
   with ``write_kv`` before attention runs);
 - ``slot_table[r, p]`` is read only for ``p < seq_lens[r]``: entries beyond are garbage;
 - output rows at or past ``min(num_actual_tokens, query_start_loc[-1])`` are never written;
-- math is float32 inside whatever the storage dtype; output is written in the query dtype.
+- math is float32 inside whatever the storage dtype; output is written in the query dtype;
+- an fp8 cache (``quant.py``) comes with its layer's ``KVScales``: ``write_kv`` quantises the
+  rows it writes, attention reads ``float(stored) * scale`` with the scales folded into the
+  (small) queries and outputs rather than into every gathered K/V element.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from proxima.engine.attention.checks import check_attention_args, check_write_kv_args
+from proxima.engine.attention.quant import KVScales, Rounding, head_scales, is_fp8, quantize_fp8
 
 # Upper bound on float32 elements of one gathered K (or V) block / score matrix. Decode batches
 # and long prefills are cut into pieces under it, so a batch of long contexts cannot allocate
@@ -97,13 +101,23 @@ def _gather_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor) -> tuple[Tensor,
     return _split_rows(gathered, v_offset, k_cache)
 
 
-def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+def _codes(t: Tensor) -> Tensor:
+    """fp8 tensors as their uint8 codes (torch's CPU index_copy_ has no fp8 kernel); others as is."""
+    return t.view(torch.uint8) if is_fp8(t.dtype) else t
+
+
+def write_kv(
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+    scales: KVScales | None = None, rounding: Rounding = "nearest",
+) -> None:
     """Copy row ``t`` of key/value into slot ``slot_mapping[t]``; negative slots are padding.
 
     ``key``/``value`` may carry padding rows past ``len(slot_mapping)``; those are ignored.
-    Slots must be distinct (a duplicate would make the surviving row unspecified).
+    Slots must be distinct (a duplicate would make the surviving row unspecified). An fp8 cache
+    takes model-dtype rows and its ``scales``; each written row is quantised once, with
+    ``rounding`` (vLLM's CPU writer rounds toward zero, its CUDA writers to nearest: quant.py).
     """
-    check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
+    check_write_kv_args(key, value, k_cache, v_cache, slot_mapping, scales)
     num_rows = slot_mapping.shape[0]
     if num_rows == 0:
         return
@@ -119,10 +133,13 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
         if rows.numel() == 0:
             return
         slots, key, value = slots[rows], key[rows], value[rows]
+    if scales is not None:
+        key = quantize_fp8(key, scales.k, k_cache.dtype, rounding)
+        value = quantize_fp8(value, scales.v, v_cache.dtype, rounding)
     packed = kv_rows(k_cache, v_cache)
     if packed is None:
-        k_cache.index_copy_(0, slots, key)
-        v_cache.index_copy_(0, slots, value)
+        _codes(k_cache).index_copy_(0, slots, _codes(key))
+        _codes(v_cache).index_copy_(0, slots, _codes(value))
         return
     # Assemble whole rows, then scatter them in one pass over contiguous destinations.
     cache_rows, v_offset = packed
@@ -130,7 +147,7 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
     source_keys, source_values = _split_rows(source, v_offset, k_cache)
     source_keys.copy_(key)
     source_values.copy_(value)
-    cache_rows.index_copy_(0, slots, source)
+    _codes(cache_rows).index_copy_(0, slots, _codes(source))
 
 
 def slot_attention_torch(
@@ -146,16 +163,18 @@ def slot_attention_torch(
     *,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
+    kv_scales: KVScales | None = None,
 ) -> Tensor:
     """Causal attention of each request's new queries over its slots; writes ``output`` in place.
 
     See the module docstring for the contract. Returns ``output``. ``max_query_len`` and
     ``max_seq_len`` are tiling hints for the Triton launcher, accepted here so the two share one
-    signature; this path reads the metadata on the host and ignores them.
+    signature; this path reads the metadata on the host and ignores them. ``kv_scales``: the
+    layer's scales, given exactly when the cache is fp8.
     """
     del max_query_len, max_seq_len
     check_attention_args(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output,
-                         num_actual_tokens)
+                         num_actual_tokens, kv_scales)
     num_requests = query_start_loc.shape[0] - 1
     if num_requests == 0:
         return output
@@ -172,15 +191,31 @@ def slot_attention_torch(
     active = (q_lens > 0) & (starts[:-1] < row_limit)
     decode_reqs = np.flatnonzero(active & (q_lens == 1))
     prefill_reqs = np.flatnonzero(active & (q_lens > 1))
+    fold = None if kv_scales is None else _fold_scales(kv_scales, query.shape[1], k_cache.shape[1])
 
     if decode_reqs.size > 0:
         _attend_decodes(query, k_cache, v_cache, slot_table, starts[decode_reqs], decode_reqs,
-                        ctx_lens[decode_reqs], scale, output)
+                        ctx_lens[decode_reqs], scale, output, fold)
     for req in prefill_reqs.tolist():
         start = int(starts[req])
         _attend_one_request(query, k_cache, v_cache, slot_table[req], start, int(q_lens[req]),
-                            int(ctx_lens[req]), min(int(starts[req + 1]), row_limit) - start, scale, output)
+                            int(ctx_lens[req]), min(int(starts[req + 1]), row_limit) - start, scale, output,
+                            fold)
     return output
+
+
+def _fold_scales(scales: KVScales, num_query_heads: int, num_kv_heads: int) -> tuple[Tensor, Tensor]:
+    """K and V scales per query head as ``[Hq, 1, 1]``: q' = q * k_scale, out = attn(q', K, V) * v_scale.
+
+    softmax(q . (k_scale * K)) V v_scale == softmax((q * k_scale) . K) V * v_scale, per KV head;
+    scaling the queries and outputs touches Hq x D values per row instead of every gathered key.
+    """
+    group = num_query_heads // num_kv_heads
+
+    def per_query_head(scale: Tensor) -> Tensor:
+        return head_scales(scale, num_kv_heads).repeat_interleave(group, 0).unsqueeze(2)
+
+    return per_query_head(scales.k), per_query_head(scales.v)
 
 
 def _check_metadata_values(
@@ -236,6 +271,7 @@ def _attend_decodes(
     ctx_lens: np.ndarray,
     scale: float,
     output: Tensor,
+    fold: tuple[Tensor, Tensor] | None = None,
 ) -> None:
     """All single-query requests at once, in chunks under the gather budget.
 
@@ -251,7 +287,7 @@ def _attend_decodes(
     num_decodes = ctx_lens.shape[0]
     if chunk_size(int(ctx_lens.max())) >= num_decodes:  # the common case: one chunk, no sort
         _attend_decode_chunk(query, k_cache, v_cache, slot_table, token_rows, req_ids, ctx_lens,
-                             scale, output)
+                             scale, output, fold)
         return
     # Longest first, so each chunk pads only to its own longest context.
     order = np.argsort(-ctx_lens, kind="stable")
@@ -260,7 +296,7 @@ def _attend_decodes(
         end = min(num_decodes, begin + chunk_size(int(ctx_lens[order[begin]])))
         picked = np.sort(order[begin:end])  # back to increasing rows, as _select expects
         _attend_decode_chunk(query, k_cache, v_cache, slot_table, token_rows[picked], req_ids[picked],
-                             ctx_lens[picked], scale, output)
+                             ctx_lens[picked], scale, output, fold)
         begin = end
 
 
@@ -274,6 +310,7 @@ def _attend_decode_chunk(
     ctx_lens: np.ndarray,
     scale: float,
     output: Tensor,
+    fold: tuple[Tensor, Tensor] | None = None,
 ) -> None:
     """Decodes whose rows and requests are strictly increasing, padded to their longest context."""
     device = query.device
@@ -292,8 +329,12 @@ def _attend_decode_chunk(
     keys = keys.view(num, max_len, num_kv_heads, head_size).transpose(1, 2)  # [n, Hkv, L, D]
     values = values.view(num, max_len, num_kv_heads, head_size).transpose(1, 2)
     q = _select(query, token_rows).float().unsqueeze(2)  # [n, Hq, 1, D]
+    if fold is not None:
+        q = q * fold[0]
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
                                          enable_gqa=num_query_heads != num_kv_heads)
+    if fold is not None:
+        out = out * fold[1]
     _write_rows(output, token_rows, out.squeeze(2))
 
 
@@ -308,6 +349,7 @@ def _attend_one_request(
     rows_to_write: int,
     scale: float,
     output: Tensor,
+    fold: tuple[Tensor, Tensor] | None = None,
 ) -> None:
     """One prefill / chunked-prefill request; queries cut into pieces under the gather budget."""
     device = query.device
@@ -321,6 +363,8 @@ def _attend_one_request(
     for first in range(0, rows_to_write, piece):
         last = min(rows_to_write, first + piece)
         q = query[start + first:start + last].float().transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        if fold is not None:
+            q = q * fold[0]
         num_keys = context + last  # later keys are masked for every query of this piece
         offset = context + first  # absolute position of the piece's first query
         if offset == 0:  # square block from position 0: plain causal, no mask to build or read
@@ -334,4 +378,6 @@ def _attend_one_request(
             q, keys[:, :, :num_keys], values[:, :, :num_keys], attn_mask=mask, is_causal=causal,
             scale=scale, enable_gqa=num_query_heads != num_kv_heads,
         )
+        if fold is not None:
+            out = out * fold[1]
         output[start + first:start + last].copy_(out[0].transpose(0, 1))

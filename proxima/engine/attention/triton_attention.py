@@ -36,8 +36,18 @@ of long decodes: the grid is ~ requests x Hkv programs, each walking its whole c
   over a long context (few tiles) gains the same parallelism. Splits are only chosen when the
   grid is small, which keeps T small; a byte budget caps the workspace regardless.
 
+fp8 caches (``quant.py`` states the semantics, vLLM's): ``_write_kv_kernel`` stores
+``fp8(x / scale)`` saturated to the format's finite range, rounding to nearest even as vLLM's
+CUDA writers do. The attention kernel loads fp8 K/V tiles and widens them exactly to the dot
+dtype inside the gather; it never multiplies a tile by its scale: ``k_scale`` is folded into the
+softmax scale (``qk_scale``) and ``v_scale`` into the epilogue (the unnormalised accumulator,
+before the division or the split partial's store, so the merge needs nothing). Scales are read
+in-kernel from the layer's tensors (one element, or one per KV head: ``SCALE_STRIDE`` 0 or 1),
+so nothing syncs the host and a CUDA graph replays with whatever values they hold.
+
 Constraints: head size is padded to a power of two >= 16 inside the kernel (any D works; a power
-of two wastes nothing). Storage must be fp16, bf16 or fp32 with unit stride along D.
+of two wastes nothing). Storage must be fp16, bf16, fp32, or fp8 (e4m3 / e5m2) with its scales,
+with unit stride along D.
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ from proxima.engine.attention.planning import (
     longest_context,
     num_sms,
 )
+from proxima.engine.attention.quant import KVScales
 
 _LOG2_E = 1.4426950408889634
 # Arguments the attention kernels are not specialised on, so that no batch size, row limit or
@@ -73,12 +84,34 @@ logger = logging.getLogger(f"vllm.{__name__}")
 
 
 @triton.jit
+def _on_fp8_grid(x, MANTISSA_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUBNORMAL_MAGIC: tl.constexpr):
+    """float32 ``x`` (within the fp8 range) rounded to nearest even on the fp8 grid, as float32.
+
+    Only under the interpreter: its float32 -> fp8 cast drops the carry when rounding reaches the
+    next power of two (7.9 becomes 4.0 in e4m3), so the interpreter casts values already on the
+    grid. GPUs round in the conversion itself (cvt.rn.satfinite), which is what vLLM relies on.
+    """
+    shift: tl.constexpr = 23 - MANTISSA_BITS
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + ((1 << (shift - 1)) - 1) + ((bits >> shift) & 1)) & -(1 << shift)
+    normal = bits.to(tl.float32, bitcast=True)
+    # Below the smallest normal the grid is uniform: adding and removing 2^23 ulps rounds to it.
+    magnitude = tl.abs(x)
+    subnormal = (magnitude + SUBNORMAL_MAGIC) - SUBNORMAL_MAGIC
+    subnormal = tl.where(x < 0, -subnormal, subnormal)
+    return tl.where(magnitude < MIN_NORMAL, subnormal, normal)
+
+
+@triton.jit
 def _write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, k_scale_ptr, v_scale_ptr,
     stride_key_t, stride_key_h, stride_value_t, stride_value_h,
     stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h,
     NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
     HEADS_PAD: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr,
+    QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr,
+    GRID_ROUNDING: tl.constexpr, MANTISSA_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr,
+    SUBNORMAL_MAGIC: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + row).to(tl.int64)
@@ -89,19 +122,34 @@ def _write_kv_kernel(
     mask = (heads < NUM_KV_HEADS) & (dims < HEAD_SIZE)
     k = tl.load(key_ptr + row * stride_key_t + heads * stride_key_h + dims, mask=mask)
     v = tl.load(value_ptr + row * stride_value_t + heads * stride_value_h + dims, mask=mask)
-    tl.store(k_cache_ptr + slot * stride_kc_s + heads * stride_kc_h + dims, k, mask=mask)
-    tl.store(v_cache_ptr + slot * stride_vc_s + heads * stride_vc_h + dims, v, mask=mask)
+    if QUANT:
+        # fp8(x / scale) in float32, saturated as vLLM's satfinite conversions are (a bare cast
+        # would give NaN past the range under the interpreter); the store rounds to nearest even.
+        head_ok = heads < NUM_KV_HEADS
+        k_scale = tl.load(k_scale_ptr + heads * SCALE_STRIDE, mask=head_ok, other=1.0)
+        v_scale = tl.load(v_scale_ptr + heads * SCALE_STRIDE, mask=head_ok, other=1.0)
+        k = tl.clamp(k.to(tl.float32) / k_scale, -FP8_MAX, FP8_MAX)
+        v = tl.clamp(v.to(tl.float32) / v_scale, -FP8_MAX, FP8_MAX)
+        if GRID_ROUNDING:
+            k = _on_fp8_grid(k, MANTISSA_BITS, MIN_NORMAL, SUBNORMAL_MAGIC)
+            v = _on_fp8_grid(v, MANTISSA_BITS, MIN_NORMAL, SUBNORMAL_MAGIC)
+    tl.store(k_cache_ptr + slot * stride_kc_s + heads * stride_kc_h + dims,
+             k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + slot * stride_vc_s + heads * stride_vc_h + dims,
+             v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 _launch_write_kv = CompiledLaunch(_write_kv_kernel)
 
 
 def write_kv_triton(
-    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+    scales: KVScales | None = None,
 ) -> None:
     """Triton ``write_kv``: skips negative slots in-kernel (no host sync). Slots must be distinct
-    and in range; out-of-range slots are not checked (that would sync)."""
-    check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
+    and in range; out-of-range slots are not checked (that would sync). An fp8 cache takes its
+    layer's ``scales`` and is written rounding to nearest even (vLLM's CUDA writers)."""
+    check_write_kv_args(key, value, k_cache, v_cache, slot_mapping, scales)
     check_unit_stride("write_kv_triton",
                       (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)))
     if not slot_mapping.is_contiguous():
@@ -111,11 +159,12 @@ def write_kv_triton(
     if num_rows == 0:
         return
     num_kv_heads, head_size = k_cache.shape[1], k_cache.shape[2]
-    tensors = (key, value, k_cache, v_cache, slot_mapping)
+    k_scale, v_scale, quant = _scale_args(scales, k_cache)
+    tensors = (key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     ints = (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1))
     constexprs = (num_kv_heads, head_size, triton.next_power_of_2(num_kv_heads),
-                  triton.next_power_of_2(head_size))
+                  triton.next_power_of_2(head_size), *quant, *_fp8_grid_constants(k_cache.dtype))
     _launch_write_kv((num_rows, 1, 1), (*tensors, *ints, *constexprs),
                      (key.device.index, tensor_key(tensors), ints, constexprs))
 
@@ -172,7 +221,7 @@ def _attend_kv_tiles(
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _slot_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr, v_scale_ptr,
     qk_scale, num_requests, num_actual_tokens, num_splits,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_s, stride_k_h, stride_v_s, stride_v_h, stride_table_r,
@@ -180,6 +229,7 @@ def _slot_attention_kernel(
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     """Unified (``SPLIT`` False: writes ``out``) or one KV segment (``SPLIT``: writes partials)."""
     tile_idx = tl.program_id(0)
@@ -221,12 +271,16 @@ def _slot_attention_kernel(
         tile_start = 0
         tile_end = num_kv_tiles
     slot_row_ptr = slot_table_ptr + req.to(tl.int64) * stride_table_r
+    if QUANT:  # q . (k_scale * K) == (qk_scale * k_scale) * (q . K): no tile is rescaled
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head * SCALE_STRIDE)
     acc, l_i, m_i = _attend_kv_tiles(
         q, acc, l_i, m_i,
         k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, slot_row_ptr, seq_len, q_abs_pos,
         qk_scale, stride_k_s, stride_v_s, tile_start, tile_end,
         HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
     )
+    if QUANT:  # P (v_scale * V) == v_scale * (P V); partials too, so the merge stays as is
+        acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
     if SPLIT:
         # m and l always (an empty segment's -inf / 0 is what tells the merge to skip it); acc
         # only when something was read, so empty segments cost two stores per row.
@@ -294,6 +348,7 @@ def slot_attention_triton(
     *,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
+    kv_scales: KVScales | None = None,
 ) -> Tensor:
     """Triton ``slot_attention_torch``: same signature, same semantics, writes ``output`` in place.
 
@@ -307,7 +362,7 @@ def slot_attention_triton(
     width`` for every request with queries.
     """
     check_attention_args(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output,
-                         num_actual_tokens)
+                         num_actual_tokens, kv_scales)
     check_unit_stride("slot_attention_triton",
                       (("query", query), ("output", output), ("k_cache", k_cache), ("v_cache", v_cache)))
     if slot_table.stride(1) != 1:
@@ -326,7 +381,7 @@ def slot_attention_triton(
     row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
     for launch, grid, args, key, options in _launch_plan(
         query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, scale, output, row_limit, tiles,
-        num_splits,
+        num_splits, kv_scales,
     ):
         launch(grid, args, key, **options)
     return output
@@ -374,6 +429,7 @@ def _grid_tiles(num_tokens: int, num_requests: int, block_q: int) -> int:
 def _launch_plan(
     query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
     seq_lens: Tensor, scale: float, output: Tensor, row_limit: int, tiles: TileConfig, num_splits: int,
+    kv_scales: KVScales | None = None,
 ) -> list[tuple[CompiledLaunch, tuple[int, int, int], tuple, tuple, dict]]:
     """The kernel launches of one attention call: (launcher, grid, args, cache key, options) each.
 
@@ -394,8 +450,10 @@ def _launch_plan(
         acc_ws, m_ws, l_ws = _split_workspace(num_tokens, num_query_heads, num_splits, head_size,
                                               query.device)
         ws_strides = (*acc_ws.stride()[:3], *m_ws.stride()[:2])
+    k_scale, v_scale, quant = _scale_args(kv_scales, k_cache)
     # Launch arguments in the kernel's parameter order, constexprs last (see launcher.py).
-    tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws)
+    tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws,
+               k_scale, v_scale)
     runtime = (float(scale) * _LOG2_E, num_requests, row_limit, num_splits)  # not specialized on
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1),
                k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
@@ -405,7 +463,7 @@ def _launch_plan(
                   # fp32 storage would otherwise be multiplied in TF32 (10-bit mantissa); 3xTF32
                   # kept fp32-level error (3e-7 vs 3e-7 for "ieee") at 2-30x the speed on the H200.
                   "tf32x3" if query.dtype.itemsize == 4 else "tf32",
-                  num_splits > 1)
+                  num_splits > 1, *quant)
     # The m/l strides (last two) are not specialized on: they stay out of the key.
     plan = [(_launch_attention, (num_tiles, num_kv_heads, num_splits),
              (*tensors, *runtime, *strides, *ws_strides, *constexprs),
@@ -428,7 +486,7 @@ def _launch_plan(
 
 def compile_attention_variants(
     query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
-    seq_lens: Tensor, output: Tensor,
+    seq_lens: Tensor, output: Tensor, kv_scales: KVScales | None = None,
 ) -> int:
     """Compile, without launching, every kernel variant later calls with these tensors may need.
 
@@ -448,7 +506,7 @@ def compile_attention_variants(
     def plan(tiles: TileConfig, num_splits: int):
         # A one-token call: variants depend on dtypes, alignment, strides and constexprs, not sizes.
         return _launch_plan(query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0,
-                            output[:1], 1, tiles, num_splits)
+                            output[:1], 1, tiles, num_splits, kv_scales)
 
     max_splits = 1
     count = 0
@@ -475,7 +533,7 @@ _precompiled_layouts: set[tuple] = set()
 
 def precompile_attention_once(
     query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
-    seq_lens: Tensor, output: Tensor,
+    seq_lens: Tensor, output: Tensor, kv_scales: KVScales | None = None,
 ) -> bool:
     """`compile_attention_variants` once per tensor layout (all layers of a model share one).
 
@@ -487,16 +545,42 @@ def precompile_attention_once(
     if torch.cuda.is_current_stream_capturing():
         return False
     layout = (query.device.index, query.dtype, tuple(query.shape[1:]), query.stride(), tuple(k_cache.shape),
-              k_cache.stride(), v_cache.stride(), slot_table.stride(), tuple(output.shape[1:]),
-              output.stride())
+              k_cache.dtype, k_cache.stride(), v_cache.stride(), slot_table.stride(), tuple(output.shape[1:]),
+              output.stride(), _scale_args(kv_scales, k_cache)[2])
     if layout not in _precompiled_layouts:
         start = time.perf_counter()
         count = compile_attention_variants(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens,
-                                           output)
+                                           output, kv_scales)
         _precompiled_layouts.add(layout)
         logger.info("Proxima: %d attention kernel variants compiled or loaded in %.1f s", count,
                     time.perf_counter() - start)
     return True
+
+
+def _scale_args(scales: KVScales | None, k_cache: Tensor) -> tuple[Tensor, Tensor, tuple[bool, int, float]]:
+    """Scale pointers and the (QUANT, SCALE_STRIDE, FP8_MAX) constexprs of a launch.
+
+    Without scales the cache itself stands in for both pointers (never read: QUANT compiles the
+    loads away). A scale of one element is read at stride 0 by every KV head, per-head scales at 1.
+    """
+    if scales is None:
+        return k_cache, k_cache, (False, 0, 0.0)
+    per_head = scales.k.numel() > 1
+    if per_head != (scales.v.numel() > 1):
+        raise ValueError("slot attention: k_scale and v_scale must both be per tensor or both per head")
+    if per_head and (scales.k.stride(-1) != 1 or scales.v.stride(-1) != 1):
+        raise ValueError("slot attention: per-head scales must be contiguous")
+    return scales.k, scales.v, (True, int(per_head), float(torch.finfo(k_cache.dtype).max))
+
+
+def _fp8_grid_constants(dtype: torch.dtype) -> tuple[bool, int, float, float]:
+    """(GRID_ROUNDING, MANTISSA_BITS, MIN_NORMAL, SUBNORMAL_MAGIC) of ``_write_kv_kernel``."""
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or not _interpreting():
+        return False, 0, 0.0, 0.0
+    info = torch.finfo(dtype)
+    mantissa_bits = 3 if dtype == torch.float8_e4m3fn else 2
+    smallest_subnormal = info.smallest_normal * 2.0 ** -mantissa_bits
+    return True, mantissa_bits, info.smallest_normal, smallest_subnormal * 2.0 ** 23
 
 
 def _split_workspace(
