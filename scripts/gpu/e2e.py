@@ -14,7 +14,10 @@ attention outside CUDA graphs), from a second pass under torch.profiler GPU kern
 (attention, KV write, GEMM, other) against the wall time, and from a third under cProfile the
 host functions that took the most time (engine core, scheduler and runner share the process).
 
-usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile]
+With --shared-prefix, the tight job's requests share one 200-token system prompt (user turns of
+20-100 tokens, outputs of 20-100), as chat traffic does: the prefix cache's case.
+
+usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile] [--shared-prefix]
 """
 
 from __future__ import annotations
@@ -187,7 +190,7 @@ def host_profile(run, top: int = 45) -> str:
     return text.getvalue()
 
 
-def child(model: str, name: str, out: Path, profile: bool = False) -> None:
+def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix: bool = False) -> None:
     proxima, backend, kv_bytes, jobs = ENGINES[name]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if proxima:
@@ -265,7 +268,10 @@ def child(model: str, name: str, out: Path, profile: bool = False) -> None:
             from vllm import TokensPrompt
 
             n, rng = 512, random.Random(3)
-            ps = [TokensPrompt(prompt_token_ids=[rng.randrange(3, 500) for _ in range(rng.randint(50, 200))])
+            system = [rng.randrange(3, 500) for _ in range(200)] if shared_prefix else []
+            lo, hi = (20, 100) if shared_prefix else (50, 200)
+            ps = [TokensPrompt(prompt_token_ids=system + [rng.randrange(3, 500)
+                                                          for _ in range(rng.randint(lo, hi))])
                   for _ in range(n)]
             sp = [SamplingParams(temperature=0, max_tokens=rng.randint(20, 100), ignore_eos=True)
                   for _ in range(n)]
@@ -302,7 +308,7 @@ def main() -> None:
     only = None
     if "--only" in sys.argv:
         only = set(sys.argv[sys.argv.index("--only") + 1].split(","))
-    profile = ["--profile"] if "--profile" in sys.argv else []
+    profile = [f for f in ("--profile", "--shared-prefix") if f in sys.argv]
     out_dir.mkdir(parents=True, exist_ok=True)
     if not only or only & SEEDED:
         build_seeded_model(Path(model).parent / "seeded-model")
@@ -389,6 +395,7 @@ def summarize_profile(j: dict) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], Path(sys.argv[4]), profile="--profile" in sys.argv)
+        child(sys.argv[2], sys.argv[3], Path(sys.argv[4]), profile="--profile" in sys.argv,
+              shared_prefix="--shared-prefix" in sys.argv)
     else:
         main()
