@@ -293,9 +293,14 @@ class SlotKVCacheManager:
         return stats
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        if self.cache.caching:
-            self.cache.cache(request.request_id, request.all_token_ids,
-                             min(num_computed_tokens, request.num_tokens, _cacheable_length(request)))
+        """vLLM's async scheduler calls this after every step of every running request. Only
+        prompt tokens join the tree while a request runs (generated ones at release, as one run):
+        a decode step returns at the first test, and no node is ever made per token."""
+        num_tokens = min(num_computed_tokens, request.num_prompt_tokens)
+        if not self.cache.caching or num_tokens <= self.cache.num_in_tree(request.request_id):
+            return
+        self.cache.cache(request.request_id, request.all_token_ids,
+                         min(num_tokens, _cacheable_length(request)))
 
     def reset_prefix_cache(self) -> bool:
         if not self.cache.reset():
