@@ -31,6 +31,8 @@ def main() -> int:
     p.add_argument("-c", "--concurrency", default="32,128")
     p.add_argument("-n", "--requests", default="160")
     p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--proxima-first", action="store_true",
+                   help="proxima as A: its levels run first (to tell ordering effects from engines)")
     args = p.parse_args()
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -46,11 +48,14 @@ def main() -> int:
             server.spawn()
         for server in servers:
             server.wait_ready(timeout=900)
-        stock, token = servers
+        pair = [(servers[0].url, "stock"), (servers[1].url, "proxima")]
+        if args.proxima_first:
+            pair.reverse()
+        (url_a, label_a), (url_b, label_b) = pair
         failed = 0
         for workload in args.workloads.split(","):
-            cmd = ["proxima", "bench", "--a", stock.url, "--b", token.url, "--label-a", "stock",
-                   "--label-b", "proxima", "--workload", workload, "-c", args.concurrency,
+            cmd = ["proxima", "bench", "--a", url_a, "--b", url_b, "--label-a", label_a,
+                   "--label-b", label_b, "--workload", workload, "-c", args.concurrency,
                    "-n", args.requests, "--slo-p95", "20", "--out", str(args.out / f"bench-{workload}")]
             print("$", " ".join(cmd), flush=True)
             failed |= subprocess.run(cmd, check=False).returncode
