@@ -4,9 +4,10 @@ Workloads (`--workload`), all greedy, every request submitted as soon as it may 
   short-chat     prompts of 50-200 tokens, outputs of 20-100, one burst
   shared-prefix  one 300-token system prompt + user turns of 20-100 tokens, outputs of 20-100,
                  one burst (the outside measurement's chat burst)
-  multi-turn     conversations of 4 turns behind the same system prompt: each next turn resends
-                 the conversation so far (prompts and real answers) plus a new user turn, and is
-                 submitted when the previous answer is complete
+  multi-turn     conversations of 4 turns behind the same system prompt, 16 at a time: each
+                 next turn resends the conversation so far (prompts and real answers) plus a new
+                 user turn, and is submitted when the previous answer is complete; a new
+                 conversation starts when one ends
 Each engine runs at the same KV budget in bytes. Every scheduler step is recorded: live tokens,
 allocated slots, running requests, the tokens scheduled (computed) and the time the step's
 scheduling took. Each engine runs in its own process (vLLM's plugin registry is per process);
@@ -37,6 +38,7 @@ VARIANTS = {"stock-b32": ("block", 32, True), "stock-b128": ("block", 128, True)
 WORKLOADS = ("short-chat", "shared-prefix", "multi-turn")
 SYSTEM_PROMPT_TOKENS = 300
 TURNS = 4
+ACTIVE_CONVERSATIONS = 16
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
@@ -110,8 +112,13 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
         engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt),
                            SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
 
-    for i, (prompt, out_len) in enumerate(workload(workload_name, requests, seed)):
+    firsts = workload(workload_name, requests, seed)
+    # multi-turn: ACTIVE_CONVERSATIONS users chat at a time; each next conversation starts when
+    # one ends. The other workloads submit everything at once.
+    active = ACTIVE_CONVERSATIONS if workload_name == "multi-turn" else len(firsts)
+    for i, (prompt, out_len) in enumerate(firsts[:active]):
         submit(f"c{i}-t0", prompt, out_len)
+    next_conversation = active
     turn_rng = random.Random(seed + 1)
     submitted = len(prompts)
     start, output_tokens, prompt_tokens, hit_tokens = time.perf_counter(), 0, 0, 0
@@ -125,8 +132,14 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
             prompt_tokens += len(o.prompt_token_ids)
             hit_tokens += o.num_cached_tokens or 0
             conv, _, turn = o.request_id.rpartition("-t")
-            if workload_name == "multi-turn" and int(turn) + 1 < TURNS and submitted < requests:
+            if workload_name != "multi-turn":
+                continue
+            if int(turn) + 1 < TURNS:
                 submit(f"{conv}-t{int(turn) + 1}", *next_turn(turn_rng, prompts[o.request_id], answer))
+                submitted += 1
+            elif next_conversation < len(firsts):
+                submit(f"c{next_conversation}-t0", *firsts[next_conversation])
+                next_conversation += 1
                 submitted += 1
         if allocator == "token":
             alloc_per_step.append(alloc_time[0] - before)
