@@ -88,6 +88,8 @@ class KVSnapshot:
     preemptions_total: float
     allocator_latency: dict[str, HistogramSnapshot] = field(default_factory=dict)
     engines: tuple[str, ...] = ()  # engine labels of the schedulers that export these metrics
+    # Exceptions a telemetry sink raised and the engine caught (its figures may be stale meanwhile).
+    telemetry_errors_total: float = 0.0
 
     @property
     def slot_usage(self) -> float:
@@ -269,6 +271,7 @@ def _parse_proxima(s: _Samples, engine: str | None) -> KVSnapshot | None:
             op: s.histogram(c.ALLOCATOR_LATENCY.name, engine, op=op) for op in c.ALLOCATOR_OPS
         },
         engines=tuple(sorted({lab.get("engine", "") for lab in info})),
+        telemetry_errors_total=num(c.TELEMETRY_ERRORS),
     )
 
 

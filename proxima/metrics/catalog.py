@@ -145,6 +145,15 @@ ALLOCATOR_LATENCY = MetricSpec(
     buckets=_LATENCY_BUCKETS,
 )
 ALLOCATOR_OPS = ("allocate", "free", "step")
+TELEMETRY_ERRORS = MetricSpec(
+    "proxima_telemetry_errors",
+    Kind.COUNTER,
+    "Exceptions raised by a KV telemetry sink (prometheus, otlp) and caught so that serving goes on; "
+    "the sink's figures are stale or missing while this rises.",
+    labels=("engine", "sink"),
+)
+# The sinks' names, as the scheduler registers them (the label values of TELEMETRY_ERRORS).
+TELEMETRY_SINKS = ("prometheus", "otlp")
 
 ENGINE_METRICS: tuple[MetricSpec, ...] = (
     ALLOCATOR_INFO,
@@ -164,6 +173,7 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
     RUNNING_REQUESTS,
     PREEMPTIONS,
     ALLOCATOR_LATENCY,
+    TELEMETRY_ERRORS,
 )
 
 
