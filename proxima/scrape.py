@@ -3,23 +3,26 @@
 `top`, `doctor` and `bench` consume `ServerSnapshot`s and never parse exposition text
 themselves. A snapshot is immutable and taken at one instant; rates and windowed quantiles come
 from two snapshots (`rate`, `HistogramSnapshot.since`). Scraping never raises: a server that is
-down yields a snapshot with `ok=False` and the error, so a dashboard can show it and retry.
+down, too slow, too large or unparsable yields a snapshot with `ok=False` and the error, so a
+dashboard can show it and retry.
 
-Values are summed over vLLM's `engine` label (data parallel engines), except where a per-engine
-view is asked for with `engine=`.
+Counts are summed over vLLM's `engine` label (data parallel engines) and ratios recomputed from
+the sums (`combine_kv`), except where a per-engine view is asked for with `engine=`. Text → samples
+is `proxima.exposition`; bounded HTTP reads are `proxima.fetch`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from proxima.exposition import Samples, segment_of
+from proxima.fetch import MAX_METRICS_BYTES, BodyTooLarge, get_text, get_text_sync
 from proxima.metrics import catalog as c
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -153,64 +156,14 @@ def rate(newer: ServerSnapshot, older: ServerSnapshot | None, attr: str) -> floa
     return delta / dt
 
 
-class MalformedMetrics(ValueError):
-    """The exposition parses as text, but a sample lacks what its metric requires (a bucket's
-    `le`, a segment's `segment`): the server's error, never the dashboard's."""
-
-
-def _label(sample, key: str) -> str:
-    value = sample.labels.get(key)
-    if value is None:
-        raise MalformedMetrics(f"{sample.name} sample without a {key!r} label")
-    return value
-
-
-def _bound(sample) -> float:
-    text = _label(sample, "le")
-    try:
-        return float(text)
-    except ValueError:
-        raise MalformedMetrics(f"{sample.name}: bucket bound {text!r} is not a number") from None
-
-
-class _Samples:
-    """Samples of one exposition, indexed by sample name, filtered by labels."""
-
-    def __init__(self, text: str) -> None:
-        self.by_name: dict[str, list] = defaultdict(list)
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                self.by_name[sample.name].append(sample)
-
-    def total(self, name: str, engine: str | None = None, **labels: str) -> float | None:
-        found = [
-            s.value for s in self.by_name.get(name, ())
-            if (engine is None or s.labels.get("engine") == engine)
-            and all(s.labels.get(k) == v for k, v in labels.items())
-        ]
-        return float(sum(found)) if found else None
-
-    def labels_of(self, name: str) -> list[dict[str, str]]:
-        return [s.labels for s in self.by_name.get(name, ())]
-
-    def histogram(self, name: str, engine: str | None = None, **labels: str) -> HistogramSnapshot:
-        per_le: dict[float, float] = defaultdict(float)
-        for s in self.by_name.get(name + "_bucket", ()):
-            if (engine is None or s.labels.get("engine") == engine) and all(
-                s.labels.get(k) == v for k, v in labels.items()
-            ):
-                per_le[_bound(s)] += s.value
-        return HistogramSnapshot(
-            tuple(sorted(per_le.items())),
-            self.total(name + "_count", engine, **labels) or 0.0,
-            self.total(name + "_sum", engine, **labels) or 0.0,
-        )
+def _histogram(s: Samples, name: str, engine: str | None = None, **labels: str) -> HistogramSnapshot:
+    return HistogramSnapshot(*s.histogram(name, engine, **labels))
 
 
 def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = None,
                   engine: str | None = None) -> ServerSnapshot:
     """Turn one `/metrics` exposition into a snapshot (summed over engines unless `engine`)."""
-    s = _Samples(text)
+    s = Samples(text)
     v = c.Vllm
     info = s.labels_of(v.CACHE_CONFIG_INFO)
     models = [lab.get("model_name") for lab in s.labels_of(v.RUNNING) if lab.get("model_name")]
@@ -241,12 +194,12 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
         block_size=_as_int(config.get("block_size")),
         # Capacity of the whole server: every data-parallel engine has its own blocks.
         num_gpu_blocks=None if None in blocks.values() or not blocks else sum(blocks.values()),
-        ttft=s.histogram(v.TTFT, engine),
-        itl=s.histogram(v.ITL, engine),
-        e2e=s.histogram(v.E2E, engine),
-        queue_time=s.histogram(v.QUEUE_TIME, engine),
-        prompt_tokens_per_request=s.histogram(v.REQUEST_PROMPT_TOKENS, engine),
-        generation_tokens_per_request=s.histogram(v.REQUEST_GENERATION_TOKENS, engine),
+        ttft=_histogram(s, v.TTFT, engine),
+        itl=_histogram(s, v.ITL, engine),
+        e2e=_histogram(s, v.E2E, engine),
+        queue_time=_histogram(s, v.QUEUE_TIME, engine),
+        prompt_tokens_per_request=_histogram(s, v.REQUEST_PROMPT_TOKENS, engine),
+        generation_tokens_per_request=_histogram(s, v.REQUEST_GENERATION_TOKENS, engine),
         prefix_cache_queries_total=num(v.PREFIX_CACHE_QUERIES),
         prefix_cache_hits_total=num(v.PREFIX_CACHE_HITS),
         process_rss_bytes=s.total(v.PROCESS_RESIDENT_MEMORY),
@@ -255,7 +208,7 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
     )
 
 
-def _parse_proxima(s: _Samples, engine: str | None) -> KVSnapshot | None:
+def _parse_proxima(s: Samples, engine: str | None) -> KVSnapshot | None:
     info = [lab for lab in s.labels_of(c.ALLOCATOR_INFO.name)
             if engine is None or lab.get("engine") == engine]
     if not info:
@@ -268,7 +221,7 @@ def _parse_proxima(s: _Samples, engine: str | None) -> KVSnapshot | None:
     return combine_kv([_parse_engine(s, e, lab) for e, lab in sorted(rows.items(), key=lambda r: r[0] or "")])
 
 
-def _parse_engine(s: _Samples, engine: str | None, info: dict[str, str]) -> KVSnapshot:
+def _parse_engine(s: Samples, engine: str | None, info: dict[str, str]) -> KVSnapshot:
     """One engine's Proxima metrics (`engine` None: an exposition without engine labels)."""
     def num(spec: c.MetricSpec) -> float:
         return s.total(spec.sample_name, engine) or 0.0
@@ -279,7 +232,7 @@ def _parse_engine(s: _Samples, engine: str | None, info: dict[str, str]) -> KVSn
     segments: dict[int, float] = {}
     for sample in s.by_name.get(c.OCCUPANCY_MAP.name, ()):
         if mine(sample):
-            segments[_segment(sample)] = sample.value
+            segments[segment_of(sample)] = sample.value
     used, total, live = num(c.SLOTS_USED), num(c.SLOTS_TOTAL), num(c.LIVE_TOKENS)
     return KVSnapshot(
         allocator=info.get("allocator", "?"),
@@ -302,19 +255,11 @@ def _parse_engine(s: _Samples, engine: str | None, info: dict[str, str]) -> KVSn
         requests_holding_slots=num(c.RUNNING_REQUESTS),
         preemptions_total=num(c.PREEMPTIONS),
         allocator_latency={
-            op: s.histogram(c.ALLOCATOR_LATENCY.name, engine, op=op) for op in c.ALLOCATOR_OPS
+            op: _histogram(s, c.ALLOCATOR_LATENCY.name, engine, op=op) for op in c.ALLOCATOR_OPS
         },
         engines=(engine,) if engine is not None else (),
         telemetry_errors_total=num(c.TELEMETRY_ERRORS),
     )
-
-
-def _segment(sample) -> int:
-    text = _label(sample, "segment")
-    try:
-        return int(text)
-    except ValueError:
-        raise MalformedMetrics(f"{sample.name}: segment {text!r} is not an integer") from None
 
 
 def _waste(allocated: float, live: float) -> float:
@@ -409,29 +354,37 @@ def _as_int(value: str | None) -> int | None:
     return int(number) if number is not None and math.isfinite(number) else None
 
 
+def parse_or_error(text: str, url: str, taken_at: float, engine: str | None = None) -> ServerSnapshot:
+    """`parse_metrics`, with any failure to parse made this server's error and nothing else."""
+    try:
+        return parse_metrics(text, url, taken_at, engine)
+    except Exception as err:  # noqa: BLE001 (any parser bug or odd exposition: one server's problem)
+        return ServerSnapshot(url=url, taken_at=taken_at, ok=False,
+                              error=f"unreadable /metrics: {type(err).__name__}: {err}")
+
+
 async def scrape(client: httpx.AsyncClient, url: str, timeout: float = 5.0,
-                 engine: str | None = None) -> ServerSnapshot:
-    """Fetch and parse `url`/metrics. Never raises: failures come back as `ok=False`."""
+                 engine: str | None = None, max_bytes: int = MAX_METRICS_BYTES) -> ServerSnapshot:
+    """Fetch and parse `url`/metrics within `timeout` s in all and `max_bytes`. Never raises."""
     taken_at = time.time()
     try:
-        response = await client.get(url.rstrip("/") + "/metrics", timeout=timeout)
-        response.raise_for_status()
-        return parse_metrics(response.text, url, taken_at, engine)
-    except (httpx.HTTPError, ValueError) as err:
+        text = await get_text(client, url.rstrip("/") + "/metrics", timeout, max_bytes)
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
         return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=describe_http_error(err))
+    # Parsing is pure Python and takes seconds for a huge exposition: off the caller's event loop
+    # (the TUI's), so one server's /metrics never freezes the others.
+    return await asyncio.to_thread(parse_or_error, text, url, taken_at, engine)
 
 
 def scrape_sync(url: str, timeout: float = 5.0, engine: str | None = None,
-                client: httpx.Client | None = None) -> ServerSnapshot:
+                client: httpx.Client | None = None, max_bytes: int = MAX_METRICS_BYTES) -> ServerSnapshot:
     """Blocking scrape. Pass a `client` to reuse one connection (and TLS set-up) across scrapes."""
     taken_at = time.time()
     try:
-        get = client.get if client is not None else httpx.get
-        response = get(url.rstrip("/") + "/metrics", timeout=timeout)
-        response.raise_for_status()
-        return parse_metrics(response.text, url, taken_at, engine)
-    except (httpx.HTTPError, ValueError) as err:
+        text = get_text_sync(client, url.rstrip("/") + "/metrics", timeout, max_bytes)
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
         return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=describe_http_error(err))
+    return parse_or_error(text, url, taken_at, engine)
 
 
 def describe_http_error(err: Exception) -> str:
@@ -442,4 +395,6 @@ def describe_http_error(err: Exception) -> str:
         return "timed out"
     if isinstance(err, httpx.HTTPStatusError):
         return f"HTTP {err.response.status_code}"
+    if isinstance(err, BodyTooLarge):
+        return str(err)
     return f"{type(err).__name__}: {err}"
