@@ -13,30 +13,15 @@ which say nothing about a remote server.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit
 
 import httpx
 
-from proxima.fetch import normalize_url  # noqa: F401 (the tools' one URL rule, re-exported)
+from proxima.fetch import is_local, normalize_url  # noqa: F401 (the tools' URL rules, re-exported)
 from proxima.gpu import GpuSnapshot, read_gpus
 from proxima.scrape import ServerSnapshot, scrape
 from proxima.tui.model import Frame
-
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
-
-
-def is_local(url: str) -> bool:
-    host = (urlsplit(url).hostname or "").lower()
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
 
 def scrape_timeout(interval_s: float) -> float:
     """Long enough for a busy server's /metrics, short enough that a hung one cannot stall ticks."""
