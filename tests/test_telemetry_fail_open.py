@@ -118,3 +118,19 @@ def test_server_keeps_answering_when_a_sink_raises_and_counts_it(tiny_model, ser
     assert 0 < counts[0] < counts[1], counts
     text = log.read_text(errors="replace")
     assert text.count("telemetry sink prometheus failed in publish") == 1
+
+
+def test_scripts_can_extend_and_time_the_sinks_as_before():
+    sinks = FailOpenSinks()
+    calls = []
+
+    class Recorder:
+        def publish(self, stats) -> None:
+            calls.append(stats)
+
+    sinks.append(Recorder())  # scripts/gpu/e2e.py
+    for sink in sinks:  # scripts/bench_telemetry_overhead.py wraps each sink's publish
+        inner = sink.publish
+        sink.publish = lambda stats, inner=inner: inner(stats)
+        sink.publish(STATS)
+    assert calls == [STATS]

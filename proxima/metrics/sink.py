@@ -61,6 +61,11 @@ class FailOpenSinks:
         self._sinks.append(guarded)
         return guarded
 
+    def append(self, sink: KVTelemetrySink) -> GuardedSink:
+        """`add` under the sink's class name (scripts that extend the scheduler's sinks, e.g.
+        scripts/gpu/e2e.py's recorder, were written against a list)."""
+        return self.add(type(sink).__name__, sink)
+
     def __iter__(self) -> Iterator[GuardedSink]:
         return iter(self._sinks)
 
@@ -91,9 +96,8 @@ class FailOpenSinks:
 
 
 class GuardedSink:
-    """One sink whose every call fails open (see `FailOpenSinks`)."""
-
-    __slots__ = ("name", "sink", "_owner")
+    """One sink whose every call fails open (see `FailOpenSinks`). No __slots__: a measuring
+    script may wrap a guarded sink's methods on the instance (scripts/bench_telemetry_overhead.py)."""
 
     def __init__(self, name: str, sink: KVTelemetrySink, owner: FailOpenSinks) -> None:
         self.name, self.sink, self._owner = name, sink, owner
