@@ -47,15 +47,19 @@ KINDS = {"stream": 0.40, "complete": 0.15, "disconnect": 0.20, "abort": 0.10, "b
 WORDS = "the quick brown fox jumps over a lazy dog while memory slots fill and empty again".split()
 
 
-def tree_rss(pid: int) -> int:
+def tree_rss(pid: int) -> dict[str, int]:
+    """RSS of each process of the server's tree, by role (launcher, API server, engine, ...)."""
     root = psutil.Process(pid)
-    total = 0
+    out: dict[str, int] = {}
     for proc in [root, *root.children(recursive=True)]:
         try:
-            total += proc.memory_info().rss
+            cmd = " ".join(proc.cmdline())
+            role = ("launcher" if "proxima.cli.main" in cmd else
+                    "api_server" if "api_server" in cmd else proc.name())
+            out[role] = out.get(role, 0) + proc.memory_info().rss
         except psutil.Error:
             pass
-    return total
+    return out
 
 
 def prompt(rng: random.Random, words: int) -> str:
@@ -173,7 +177,9 @@ async def soak(url: str, pid: int, model: str, args) -> dict:
     samples: list[dict] = []
     quiet: list[dict] = []
     stop = False
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    # Idle connections expire before uvicorn's 5 s keep-alive does: at equal timeouts a request
+    # sent on a connection the server is closing fails with ReadError (the client's race, not a loss).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(limits=limits) as http:
         first = (await http.get(f"{url}/metrics")).text
         start = time.monotonic()
@@ -182,7 +188,8 @@ async def soak(url: str, pid: int, model: str, args) -> dict:
             while not stop:
                 snap = await scrape(http, url)
                 kv = snap.proxima
-                samples.append({"t": time.monotonic() - start, "rss": tree_rss(pid), "ok": snap.ok,
+                rss = tree_rss(pid)
+                samples.append({"t": time.monotonic() - start, "rss": sum(rss.values()), "ok": snap.ok,
                                 "slots_used": kv.slots_used if kv else None, "running": snap.running,
                                 "waiting": snap.waiting,
                                 "telemetry_errors": kv.telemetry_errors_total if kv else None})
@@ -194,8 +201,9 @@ async def soak(url: str, pid: int, model: str, args) -> dict:
                         outcomes, sent)
             zero, took, left = await wait_idle(http, url)
             await asyncio.sleep(1.0)  # let the engine's idle publish and the allocator settle
-            quiet.append({"t": time.monotonic() - start, "rss": tree_rss(pid), "slots_zero": zero,
-                          "seconds_to_zero": took, "slots_left": left})
+            rss = tree_rss(pid)
+            quiet.append({"t": time.monotonic() - start, "rss": sum(rss.values()), "rss_by_process": rss,
+                          "slots_zero": zero, "seconds_to_zero": took, "slots_left": left})
             print(f"[{quiet[-1]['t']:6.0f} s] burst {len(quiet)}: slots zero={zero} in {took:.1f} s, "
                   f"RSS {quiet[-1]['rss'] / 2**20:.0f} MiB", file=sys.stderr)
         stop = True
@@ -222,6 +230,11 @@ def summarize(first, last, outcomes: Counter, sent: Counter, samples, quiet, arg
     slope, half = slope_ci([q["t"] / 3600 for q in fit], [q["rss"] / 2**20 for q in fit]) \
         if len(fit) >= 3 else (math.nan, math.nan)
     served = {r: finished(last, r) - finished(first, r) for r in REASONS}
+    by_process = {}
+    if len(fit) >= 3:
+        for role in fit[-1]["rss_by_process"]:
+            pts = [(q["t"] / 3600, q["rss_by_process"].get(role, 0) / 2**20) for q in fit]
+            by_process[role] = slope_ci([t for t, _ in pts], [y for _, y in pts])
     errors = [s["telemetry_errors"] for s in samples if s["telemetry_errors"] is not None]
     return {
         "duration_s": quiet[-1]["t"], "bursts": len(quiet), "concurrency": args.concurrency,
@@ -241,6 +254,9 @@ def summarize(first, last, outcomes: Counter, sent: Counter, samples, quiet, arg
         "rss_mib_max": max(s["rss"] for s in samples) / 2**20,
         "rss_slope_mib_per_h": slope, "rss_slope_ci95_mib_per_h": half,
         "rss_fit_points": len(fit), "rss_fit_from_s": warm,
+        "rss_slope_by_process_mib_per_h": by_process,
+        "rss_mib_by_process_first_last": {r: (quiet[0]["rss_by_process"].get(r, 0) / 2**20, v / 2**20)
+                                          for r, v in quiet[-1]["rss_by_process"].items()},
         "quiet": quiet, "samples": samples,
     }
 
