@@ -17,7 +17,7 @@ finished requests against the client's, and the RSS trend over the quiet points 
 (least-squares slope with a 95% confidence interval, after a warm-up share of the run).
 
 usage: python scripts/bench_soak.py MODEL_DIR [--duration 600] [--burst-s 15] [--concurrency 8]
-                                    [--seed 0] [--json OUT.json]
+                                    [--seed 0] [--variant token|block] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -270,10 +270,12 @@ def main() -> int:
     p.add_argument("--abort-after-s", type=float, default=0.2)
     p.add_argument("--warmup-share", type=float, default=0.2, help="share of the run left out of the RSS fit")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", default="token", choices=("token", "block"),
+                   help="block: stock allocation and attention under the same load (a baseline)")
     p.add_argument("--json", type=Path)
     p.add_argument("--log", type=Path, default=Path("soak-server.log"))
     args = p.parse_args()
-    spec = ServerSpec(model=args.model, variant="token", args=SERVER_ARGS, log_path=args.log)
+    spec = ServerSpec(model=args.model, variant=args.variant, args=SERVER_ARGS, log_path=args.log)
     with ManagedServer(spec) as server:
         assert server.pid is not None
         result = asyncio.run(soak(server.url, server.pid, args.model, args))
