@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
+from proxima.fetch import first_model
 from proxima.probes.base import DoctorOptions, ProbeContext, ProbeResult, Status
 from proxima.probes.load import LoadDriver
 from proxima.scrape import describe_http_error
@@ -100,14 +102,14 @@ async def discover(client: httpx.AsyncClient, url: str) -> tuple[str | None, int
     try:
         response = await client.get(url.rstrip("/") + "/v1/models", timeout=10.0)
         response.raise_for_status()
-        models = response.json().get("data") or []
-    except (httpx.HTTPError, ValueError) as err:
+        model = first_model(response.json())
+    except (httpx.HTTPError, httpx.InvalidURL) as err:
         return None, None, describe_http_error(err)
-    if not models:
-        return None, None, "the server lists no model at /v1/models"
-    first = models[0]
-    max_len = first.get("max_model_len")
-    return first.get("id"), int(max_len) if max_len else None, None
+    except json.JSONDecodeError:
+        return None, None, "/v1/models did not answer JSON; is this an OpenAI-compatible server?"
+    except ValueError as err:  # first_model: not an OpenAI model list
+        return None, None, str(err)
+    return model.id, model.max_model_len, None
 
 
 async def open_context(client: httpx.AsyncClient, url: str, options: DoctorOptions) -> ProbeContext:

@@ -3,22 +3,26 @@
 `top`, `doctor` and `bench` consume `ServerSnapshot`s and never parse exposition text
 themselves. A snapshot is immutable and taken at one instant; rates and windowed quantiles come
 from two snapshots (`rate`, `HistogramSnapshot.since`). Scraping never raises: a server that is
-down yields a snapshot with `ok=False` and the error, so a dashboard can show it and retry.
+down, too slow, too large or unparsable yields a snapshot with `ok=False` and the error, so a
+dashboard can show it and retry.
 
-Values are summed over vLLM's `engine` label (data parallel engines), except where a per-engine
-view is asked for with `engine=`.
+Counts are summed over vLLM's `engine` label (data parallel engines) and ratios recomputed from
+the sums (`combine_kv`), except where a per-engine view is asked for with `engine=`. Text → samples
+is `proxima.exposition`; bounded HTTP reads are `proxima.fetch`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from proxima.exposition import Samples, segment_of
+from proxima.fetch import MAX_METRICS_BYTES, BodyTooLarge, get_text, get_text_sync
 from proxima.metrics import catalog as c
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -91,6 +95,8 @@ class KVSnapshot:
     prefix_hit_tokens_total: float = 0.0
     prefix_hit_tokens_beyond_blocks_total: float = 0.0
     prefix_evicted_tokens_total: float = 0.0
+    # Exceptions a telemetry sink raised and the engine caught (its figures may be stale meanwhile).
+    telemetry_errors_total: float = 0.0
 
     @property
     def slot_usage(self) -> float:
@@ -160,44 +166,14 @@ def rate(newer: ServerSnapshot, older: ServerSnapshot | None, attr: str) -> floa
     return delta / dt
 
 
-class _Samples:
-    """Samples of one exposition, indexed by sample name, filtered by labels."""
-
-    def __init__(self, text: str) -> None:
-        self.by_name: dict[str, list] = defaultdict(list)
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                self.by_name[sample.name].append(sample)
-
-    def total(self, name: str, engine: str | None = None, **labels: str) -> float | None:
-        found = [
-            s.value for s in self.by_name.get(name, ())
-            if (engine is None or s.labels.get("engine") == engine)
-            and all(s.labels.get(k) == v for k, v in labels.items())
-        ]
-        return float(sum(found)) if found else None
-
-    def labels_of(self, name: str) -> list[dict[str, str]]:
-        return [s.labels for s in self.by_name.get(name, ())]
-
-    def histogram(self, name: str, engine: str | None = None, **labels: str) -> HistogramSnapshot:
-        per_le: dict[float, float] = defaultdict(float)
-        for s in self.by_name.get(name + "_bucket", ()):
-            if (engine is None or s.labels.get("engine") == engine) and all(
-                s.labels.get(k) == v for k, v in labels.items()
-            ):
-                per_le[float(s.labels["le"])] += s.value
-        return HistogramSnapshot(
-            tuple(sorted(per_le.items())),
-            self.total(name + "_count", engine, **labels) or 0.0,
-            self.total(name + "_sum", engine, **labels) or 0.0,
-        )
+def _histogram(s: Samples, name: str, engine: str | None = None, **labels: str) -> HistogramSnapshot:
+    return HistogramSnapshot(*s.histogram(name, engine, **labels))
 
 
 def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = None,
                   engine: str | None = None) -> ServerSnapshot:
     """Turn one `/metrics` exposition into a snapshot (summed over engines unless `engine`)."""
-    s = _Samples(text)
+    s = Samples(text)
     v = c.Vllm
     info = s.labels_of(v.CACHE_CONFIG_INFO)
     models = [lab.get("model_name") for lab in s.labels_of(v.RUNNING) if lab.get("model_name")]
@@ -206,9 +182,11 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
     def num(name: str) -> float:
         return s.total(name, engine) or 0.0
 
+    info = [lab for lab in info if engine is None or lab.get("engine") == engine]
     config = _cache_config(info)
-    kv_usage_values = [x.value for x in s.by_name.get(v.KV_USAGE, ())
-                       if engine is None or x.labels.get("engine") == engine]
+    blocks = {lab.get("engine"): _as_int(lab.get("num_gpu_blocks")) for lab in info}
+    kv_usage = {x.labels.get("engine"): x.value for x in s.by_name.get(v.KV_USAGE, ())
+                if engine is None or x.labels.get("engine") == engine}
     return ServerSnapshot(
         url=url,
         taken_at=time.time() if taken_at is None else taken_at,
@@ -217,20 +195,21 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
         engines=tuple(engines),
         running=num(v.RUNNING),
         waiting=num(v.WAITING),
-        kv_usage=max(kv_usage_values) if kv_usage_values else 0.0,
+        kv_usage=_weighted(kv_usage, blocks),
         preemptions_total=num(v.PREEMPTIONS),
         prompt_tokens_total=num(v.PROMPT_TOKENS),
         generation_tokens_total=num(v.GENERATION_TOKENS),
         requests_finished_total=num(v.REQUEST_SUCCESS),
         requests_failed_total=s.total(v.REQUEST_SUCCESS, engine, finished_reason="error"),
         block_size=_as_int(config.get("block_size")),
-        num_gpu_blocks=_as_int(config.get("num_gpu_blocks")),
-        ttft=s.histogram(v.TTFT, engine),
-        itl=s.histogram(v.ITL, engine),
-        e2e=s.histogram(v.E2E, engine),
-        queue_time=s.histogram(v.QUEUE_TIME, engine),
-        prompt_tokens_per_request=s.histogram(v.REQUEST_PROMPT_TOKENS, engine),
-        generation_tokens_per_request=s.histogram(v.REQUEST_GENERATION_TOKENS, engine),
+        # Capacity of the whole server: every data-parallel engine has its own blocks.
+        num_gpu_blocks=None if None in blocks.values() or not blocks else sum(blocks.values()),
+        ttft=_histogram(s, v.TTFT, engine),
+        itl=_histogram(s, v.ITL, engine),
+        e2e=_histogram(s, v.E2E, engine),
+        queue_time=_histogram(s, v.QUEUE_TIME, engine),
+        prompt_tokens_per_request=_histogram(s, v.REQUEST_PROMPT_TOKENS, engine),
+        generation_tokens_per_request=_histogram(s, v.REQUEST_GENERATION_TOKENS, engine),
         prefix_cache_queries_total=num(v.PREFIX_CACHE_QUERIES),
         prefix_cache_hits_total=num(v.PREFIX_CACHE_HITS),
         process_rss_bytes=s.total(v.PROCESS_RESIDENT_MEMORY),
@@ -239,50 +218,137 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
     )
 
 
-def _parse_proxima(s: _Samples, engine: str | None) -> KVSnapshot | None:
+def _parse_proxima(s: Samples, engine: str | None) -> KVSnapshot | None:
     info = [lab for lab in s.labels_of(c.ALLOCATOR_INFO.name)
             if engine is None or lab.get("engine") == engine]
     if not info:
         return None
+    # Each engine on its own, then one combination rule (combine_kv): a ratio summed over engines
+    # would read 1.2 for two engines at 60%.
+    rows: dict[str | None, dict[str, str]] = {}
+    for lab in info:
+        rows.setdefault(lab.get("engine"), lab)
+    return combine_kv([_parse_engine(s, e, lab) for e, lab in sorted(rows.items(), key=lambda r: r[0] or "")])
 
+
+def _parse_engine(s: Samples, engine: str | None, info: dict[str, str]) -> KVSnapshot:
+    """One engine's Proxima metrics (`engine` None: an exposition without engine labels)."""
     def num(spec: c.MetricSpec) -> float:
         return s.total(spec.sample_name, engine) or 0.0
 
-    segments: dict[int, list[float]] = defaultdict(list)
+    def mine(sample) -> bool:
+        return engine is None or sample.labels.get("engine") == engine
+
+    segments: dict[int, float] = {}
     for sample in s.by_name.get(c.OCCUPANCY_MAP.name, ()):
-        if engine is None or sample.labels.get("engine") == engine:
-            segments[int(sample.labels["segment"])].append(sample.value)
-    occupancy = tuple(sum(vals) / len(vals) for _, vals in sorted(segments.items()))
-    used, total = num(c.SLOTS_USED), num(c.SLOTS_TOTAL)
-    live, block_slots = num(c.LIVE_TOKENS), num(c.BLOCK_USAGE) * total
+        if mine(sample):
+            segments[segment_of(sample)] = sample.value
+    used, total, live = num(c.SLOTS_USED), num(c.SLOTS_TOTAL), num(c.LIVE_TOKENS)
     return KVSnapshot(
-        allocator=info[0].get("allocator", "?"),
-        granularity=int(info[0].get("block_size", "1") or 1),
+        allocator=info.get("allocator", "?"),
+        granularity=int(info.get("block_size", "1") or 1),
         slots_total=total,
         slots_used=used,
         slots_free=num(c.SLOTS_FREE),
         slots_cached=num(c.SLOTS_CACHED),
         live_tokens=live,
         token_usage=live / total if total else 0.0,
-        block_usage=num(c.BLOCK_USAGE) if engine is not None or len(info) == 1 else block_slots / total,
-        # Recomputed from summed counts so that several engines combine correctly.
-        fragmentation=max(0.0, (used - live) / used) if used else 0.0,
-        block_fragmentation=num(c.BLOCK_FRAGMENTATION) if len(info) == 1 else 0.0,
-        occupancy=occupancy,
-        largest_free_run=max((x.value for x in s.by_name.get(c.LARGEST_FREE_RUN.name, ())
-                              if engine is None or x.labels.get("engine") == engine), default=0.0),
-        bytes_per_token=max((x.value for x in s.by_name.get(c.BYTES_PER_TOKEN.name, ())), default=0.0),
+        block_usage=num(c.BLOCK_USAGE),
+        fragmentation=_waste(used, live),
+        block_fragmentation=num(c.BLOCK_FRAGMENTATION),
+        occupancy=tuple(v for _, v in sorted(segments.items())),
+        largest_free_run=max((x.value for x in s.by_name.get(c.LARGEST_FREE_RUN.name, ()) if mine(x)),
+                             default=0.0),
+        bytes_per_token=max((x.value for x in s.by_name.get(c.BYTES_PER_TOKEN.name, ()) if mine(x)),
+                            default=0.0),
         cache_bytes=num(c.CACHE_BYTES),
         requests_holding_slots=num(c.RUNNING_REQUESTS),
         preemptions_total=num(c.PREEMPTIONS),
         allocator_latency={
-            op: s.histogram(c.ALLOCATOR_LATENCY.name, engine, op=op) for op in c.ALLOCATOR_OPS
+            op: _histogram(s, c.ALLOCATOR_LATENCY.name, engine, op=op) for op in c.ALLOCATOR_OPS
         },
-        engines=tuple(sorted({lab.get("engine", "") for lab in info})),
+        engines=(engine,) if engine is not None else (),
+        telemetry_errors_total=num(c.TELEMETRY_ERRORS),
         prefix_hit_tokens_total=num(c.PREFIX_HIT_TOKENS),
         prefix_hit_tokens_beyond_blocks_total=num(c.PREFIX_HIT_BEYOND_BLOCKS),
         prefix_evicted_tokens_total=num(c.PREFIX_EVICTED_TOKENS),
     )
+
+
+def _waste(allocated: float, live: float) -> float:
+    return max(0.0, (allocated - live) / allocated) if allocated > 0 else 0.0
+
+
+def merge_histograms(hists: Iterable[HistogramSnapshot]) -> HistogramSnapshot:
+    """Sum histograms with the same bucket bounds (engines, or servers in the aggregate view)."""
+    total: HistogramSnapshot | None = None
+    for h in hists:
+        if not h.count:
+            continue
+        if total is None:
+            total = h
+        elif [le for le, _ in h.buckets] == [le for le, _ in total.buckets]:
+            total = HistogramSnapshot(tuple((le, a + b) for (le, a), (_, b) in zip(total.buckets, h.buckets)),
+                                      total.count + h.count, total.sum + h.sum)
+    return total or HistogramSnapshot()
+
+
+def combine_kv(kvs: Sequence[KVSnapshot]) -> KVSnapshot | None:
+    """Several engines' (or servers') KV snapshots as one: counts and histograms summed, every
+    ratio recomputed from the summed counts (usage, fragmentation) or weighted by slots
+    (occupancy), maxima kept as maxima. The one place that combines KV figures."""
+    if not kvs:
+        return None
+    if len(kvs) == 1:
+        return kvs[0]
+    total, used = sum(k.slots_total for k in kvs), sum(k.slots_used for k in kvs)
+    live = sum(k.live_tokens for k in kvs)
+    # Slots 16-token blocks would hold: each engine's ratio times its own capacity.
+    block_slots = sum(k.block_usage * k.slots_total for k in kvs)
+    weights = [k.slots_total for k in kvs] if total else [1.0] * len(kvs)
+    lengths = {len(k.occupancy) for k in kvs}
+    occupancy: tuple[float, ...] = ()
+    if len(lengths) == 1:  # segments are fractions of each engine's own cache: weight by its size
+        occupancy = tuple(sum(w * k.occupancy[i] for w, k in zip(weights, kvs)) / sum(weights)
+                          for i in range(lengths.pop()))
+    return KVSnapshot(
+        allocator="/".join(sorted({k.allocator for k in kvs})),
+        granularity=min(k.granularity for k in kvs),
+        slots_total=total,
+        slots_used=used,
+        slots_free=sum(k.slots_free for k in kvs),
+        slots_cached=sum(k.slots_cached for k in kvs),
+        live_tokens=live,
+        token_usage=live / total if total else 0.0,
+        block_usage=block_slots / total if total else 0.0,
+        fragmentation=_waste(used, live),
+        block_fragmentation=_waste(block_slots, live),
+        occupancy=occupancy,
+        largest_free_run=max(k.largest_free_run for k in kvs),
+        bytes_per_token=max(k.bytes_per_token for k in kvs),
+        cache_bytes=sum(k.cache_bytes for k in kvs),
+        requests_holding_slots=sum(k.requests_holding_slots for k in kvs),
+        preemptions_total=sum(k.preemptions_total for k in kvs),
+        allocator_latency={
+            op: merge_histograms(k.allocator_latency[op] for k in kvs if op in k.allocator_latency)
+            for op in c.ALLOCATOR_OPS if any(op in k.allocator_latency for k in kvs)
+        },
+        engines=tuple(sorted({e for k in kvs for e in k.engines})),
+        telemetry_errors_total=sum(k.telemetry_errors_total for k in kvs),
+        prefix_hit_tokens_total=sum(k.prefix_hit_tokens_total for k in kvs),
+        prefix_hit_tokens_beyond_blocks_total=sum(k.prefix_hit_tokens_beyond_blocks_total for k in kvs),
+        prefix_evicted_tokens_total=sum(k.prefix_evicted_tokens_total for k in kvs),
+    )
+
+
+def _weighted(ratios: dict[str | None, float], weights: dict[str | None, int | None]) -> float:
+    """Engines' ratios combined as the ratio of the summed counts (weights: each engine's capacity)."""
+    if not ratios:
+        return 0.0
+    w = {e: float(weights.get(e) or 0) for e in ratios}
+    if not all(w.values()):  # a capacity unknown: each engine counts once
+        w = dict.fromkeys(ratios, 1.0)
+    return sum(ratios[e] * w[e] for e in ratios) / sum(w.values())
 
 
 def _cache_config(rows: list[dict[str, str]]) -> dict[str, str]:
@@ -304,29 +370,37 @@ def _as_int(value: str | None) -> int | None:
     return int(number) if number is not None and math.isfinite(number) else None
 
 
+def parse_or_error(text: str, url: str, taken_at: float, engine: str | None = None) -> ServerSnapshot:
+    """`parse_metrics`, with any failure to parse made this server's error and nothing else."""
+    try:
+        return parse_metrics(text, url, taken_at, engine)
+    except Exception as err:  # noqa: BLE001 (any parser bug or odd exposition: one server's problem)
+        return ServerSnapshot(url=url, taken_at=taken_at, ok=False,
+                              error=f"unreadable /metrics: {type(err).__name__}: {err}")
+
+
 async def scrape(client: httpx.AsyncClient, url: str, timeout: float = 5.0,
-                 engine: str | None = None) -> ServerSnapshot:
-    """Fetch and parse `url`/metrics. Never raises: failures come back as `ok=False`."""
+                 engine: str | None = None, max_bytes: int = MAX_METRICS_BYTES) -> ServerSnapshot:
+    """Fetch and parse `url`/metrics within `timeout` s in all and `max_bytes`. Never raises."""
     taken_at = time.time()
     try:
-        response = await client.get(url.rstrip("/") + "/metrics", timeout=timeout)
-        response.raise_for_status()
-        return parse_metrics(response.text, url, taken_at, engine)
-    except (httpx.HTTPError, ValueError) as err:
+        text = await get_text(client, url.rstrip("/") + "/metrics", timeout, max_bytes)
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
         return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=describe_http_error(err))
+    # Parsing is pure Python and takes seconds for a huge exposition: off the caller's event loop
+    # (the TUI's), so one server's /metrics never freezes the others.
+    return await asyncio.to_thread(parse_or_error, text, url, taken_at, engine)
 
 
 def scrape_sync(url: str, timeout: float = 5.0, engine: str | None = None,
-                client: httpx.Client | None = None) -> ServerSnapshot:
+                client: httpx.Client | None = None, max_bytes: int = MAX_METRICS_BYTES) -> ServerSnapshot:
     """Blocking scrape. Pass a `client` to reuse one connection (and TLS set-up) across scrapes."""
     taken_at = time.time()
     try:
-        get = client.get if client is not None else httpx.get
-        response = get(url.rstrip("/") + "/metrics", timeout=timeout)
-        response.raise_for_status()
-        return parse_metrics(response.text, url, taken_at, engine)
-    except (httpx.HTTPError, ValueError) as err:
+        text = get_text_sync(client, url.rstrip("/") + "/metrics", timeout, max_bytes)
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
         return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=describe_http_error(err))
+    return parse_or_error(text, url, taken_at, engine)
 
 
 def describe_http_error(err: Exception) -> str:
@@ -337,4 +411,6 @@ def describe_http_error(err: Exception) -> str:
         return "timed out"
     if isinstance(err, httpx.HTTPStatusError):
         return f"HTTP {err.response.status_code}"
+    if isinstance(err, BodyTooLarge):
+        return str(err)
     return f"{type(err).__name__}: {err}"

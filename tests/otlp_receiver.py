@@ -78,6 +78,14 @@ class OtlpReceiver:
                             points.extend(data.data_points)
         return points
 
+    def histogram_points(self, name: str) -> list:
+        """All data points received for one histogram metric, oldest first."""
+        with self._lock:
+            batches = list(self.metrics)
+        return [p for req in batches for rm in req.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics if m.name == name and m.HasField("histogram")
+                for p in m.histogram.data_points]
+
     def metric_names(self) -> set[str]:
         with self._lock:
             return {m.name for req in self.metrics for rm in req.resource_metrics

@@ -64,3 +64,56 @@ def test_telemetry_interval_from_the_environment(monkeypatch, value, seconds):
 
     monkeypatch.setenv("PROXIMA_TELEMETRY_INTERVAL_S", value)
     assert ProximaSettings.from_env().telemetry_interval_s == seconds
+
+
+# ------------------------------------------------------------------ defaults (issue 16, section 5)
+
+@pytest.mark.parametrize(("flags", "warned"), [
+    ([], True), (["--host", "0.0.0.0"], True), (["--host=::"], True), (["--host", "example.org"], True),
+    (["--host", "127.0.0.1"], False), (["--host", "localhost"], False), (["--host", "::1"], False),
+    (["--api-key", "k"], False), (["--host", "0.0.0.0", "--api-key=k"], False),
+])
+def test_a_server_reachable_beyond_loopback_without_an_api_key_says_so(monkeypatch, flags, warned):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    notes = build_serve_command("m", "token", [*flags, "--kv-cache-memory-bytes", "1"], cuda=True).notes
+    lines = [n for n in notes if "without --api-key" in n]
+    assert len(lines) == int(warned), notes
+    if warned:
+        assert "--host 127.0.0.1" in lines[0] and "--api-key KEY" in lines[0]
+    argv = build_serve_command("m", "token", flags, cuda=True).argv
+    assert ("--host" in " ".join(argv)) == any(f.startswith("--host") for f in flags)  # vLLM's semantics kept
+
+
+def test_the_api_key_from_vllms_environment_counts(monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "k")
+    assert not [n for n in build_serve_command("m", "token", [], cuda=True).notes if "api-key" in n]
+
+
+def test_on_cpu_with_no_kv_size_a_bounded_default_is_chosen_and_said(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    command = build_serve_command("m", "token", ["--host", "127.0.0.1"], cuda=False)
+    argv = command.argv
+    size = int(argv[argv.index("--kv-cache-memory-bytes") + 1])
+    import psutil
+
+    assert 64 << 20 <= size <= min(4 << 30, psutil.virtual_memory().available)
+    (note,) = [n for n in command.notes if n.startswith("CPU: KV cache")]
+    assert f"--kv-cache-memory-bytes {size}" in note and "--gpu-memory-utilization" in note
+
+
+@pytest.mark.parametrize("flags", [["--kv-cache-memory-bytes", "123"], ["--gpu-memory-utilization=0.5"]])
+def test_a_users_kv_size_stands_on_cpu(monkeypatch, flags):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    command = build_serve_command("m", "block", flags, cuda=False)
+    given = flags[0].count("--kv-cache-memory-bytes")
+    assert " ".join(command.argv).count("--kv-cache-memory-bytes") == given
+    assert not [n for n in command.notes if n.startswith("CPU: KV cache")]
+
+
+def test_cpu_default_follows_free_memory_and_refuses_when_there_is_none(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    argv = build_serve_command("m", "token", [], cuda=False, available_bytes=2 << 30).argv
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(512 << 20)
+    with pytest.raises(ProximaConfigError, match="pass --kv-cache-memory-bytes"):
+        build_serve_command("m", "token", [], cuda=False, available_bytes=100 << 20)
+    assert "--kv-cache-memory-bytes" not in build_serve_command("m", "token", [], cuda=True).argv

@@ -13,44 +13,15 @@ which say nothing about a remote server.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit
 
 import httpx
 
+from proxima.fetch import is_local, normalize_url  # noqa: F401 (the tools' URL rules, re-exported)
 from proxima.gpu import GpuSnapshot, read_gpus
-from proxima.scrape import scrape
+from proxima.scrape import ServerSnapshot, scrape
 from proxima.tui.model import Frame
-
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
-
-
-def is_local(url: str) -> bool:
-    host = (urlsplit(url).hostname or "").lower()
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def normalize_url(text: str) -> str:
-    """`localhost:8000` → `http://localhost:8000`; raises ValueError naming what is wrong."""
-    url = text.strip().rstrip("/")
-    if "://" not in url:
-        url = "http://" + url
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not a server URL: {text!r} (expected e.g. http://127.0.0.1:8000)")
-    try:
-        parts.port  # noqa: B018 (raises ValueError on a bad port)
-    except ValueError:
-        raise ValueError(f"bad port in {text!r} (expected e.g. http://127.0.0.1:8000)") from None
-    return url
-
 
 def scrape_timeout(interval_s: float) -> float:
     """Long enough for a busy server's /metrics, short enough that a hung one cannot stall ticks."""
@@ -72,7 +43,12 @@ class Collector:
         if self._client is None:
             self._client = httpx.AsyncClient()
         taken_at = self._clock()
-        snapshots = await asyncio.gather(*(scrape(self._client, u, timeout) for u in self.urls))
+        found = await asyncio.gather(*(scrape(self._client, u, timeout) for u in self.urls),
+                                     return_exceptions=True)
+        # scrape never raises; should it ever, that server is down, and the others still show.
+        snapshots = [s if isinstance(s, ServerSnapshot) else
+                     ServerSnapshot(url=u, taken_at=taken_at, ok=False, error=f"{type(s).__name__}: {s}")
+                     for u, s in zip(self.urls, found)]
         # NVML calls block; a thread keeps the event loop (and the UI) responsive meanwhile.
         gpus = await asyncio.to_thread(self._gpu_reader) if self.read_gpus_here else None
         return Frame(taken_at, tuple(snapshots), gpus)

@@ -80,8 +80,15 @@ class Recorder:
         self.path = str(path)
         self.frames_written = 0
         try:
-            # Held open for the whole session on purpose: one flushed line per frame.
-            self._fh: TextIO | None = open(path, "w", encoding="utf-8")  # noqa: SIM115
+            # Held open for the whole session on purpose: one flushed line per frame. "x": an
+            # existing file (yesterday's post-mortem, perhaps) is never truncated.
+            self._fh: TextIO | None = open(path, "x", encoding="utf-8")  # noqa: SIM115
+        except FileExistsError:
+            if Path(path).is_dir():
+                raise RecordingError(f"cannot write recording {self.path}: it is a directory; "
+                                     "choose a writable file path") from None
+            raise RecordingError(f"recording {self.path} already exists; choose a new file name "
+                                 "(or remove the old recording first)") from None
         except OSError as err:
             raise RecordingError(f"cannot write recording {self.path}: {err.strerror or err}; "
                                  "choose a writable file path") from None
@@ -117,6 +124,11 @@ class _Bad(ValueError):
     """A value does not fit its field; carries the field path for the error message."""
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _split_top(text: str, sep: str) -> list[str]:
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
@@ -139,22 +151,30 @@ def _decode(ann: str, value: Any, where: str) -> Any:
         if isinstance(value, str) and value in _NON_FINITE:
             return _NON_FINITE[value]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _Bad(f"{where}: expected a number, got {value!r}")
+            try:
+                return float(value)
+            except OverflowError:
+                raise _Bad(f"{where}: number too large ({len(str(value))} digits)") from None
+        raise _Bad(f"{where}: expected a number, got {_short(value)}")
     if ann == "int":
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+        if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) >= 1 << 63:
+                raise _Bad(f"{where}: integer too large ({len(str(value))} digits)")
+            return value
+        if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise _Bad(f"{where}: expected an integer, got {value!r}")
+        raise _Bad(f"{where}: expected an integer, got {_short(value)}")
     if ann in ("str", "bool"):
         if type(value) is not (str if ann == "str" else bool):
-            raise _Bad(f"{where}: expected {'a string' if ann == 'str' else 'true/false'}, got {value!r}")
+            wanted = "a string" if ann == "str" else "true/false"
+            raise _Bad(f"{where}: expected {wanted}, got {_short(value)}")
         return value
     if ann in _DATACLASSES:
         return build(_DATACLASSES[ann], value, where)
     if ann.startswith("tuple[") and ann.endswith("]"):
         args = _split_top(ann[6:-1], ",")
         if not isinstance(value, list):
-            raise _Bad(f"{where}: expected a list, got {value!r}")
+            raise _Bad(f"{where}: expected a list, got {_short(value)}")
         if len(args) == 2 and args[1] == "...":
             return tuple(_decode(args[0], v, f"{where}[{k}]") for k, v in enumerate(value))
         if len(value) != len(args):
@@ -162,7 +182,7 @@ def _decode(ann: str, value: Any, where: str) -> Any:
         return tuple(_decode(a, v, f"{where}[{k}]") for k, (a, v) in enumerate(zip(args, value)))
     if ann.startswith("dict[str,") and ann.endswith("]"):
         if not isinstance(value, dict):
-            raise _Bad(f"{where}: expected an object, got {value!r}")
+            raise _Bad(f"{where}: expected an object, got {_short(value)}")
         inner = ann[len("dict[str,"):-1].strip()
         return {k: _decode(inner, v, f"{where}.{k}") for k, v in value.items()}
     raise _Bad(f"{where}: this version cannot read a field of type {ann}")
@@ -171,7 +191,7 @@ def _decode(ann: str, value: Any, where: str) -> Any:
 def build(cls: type, data: Any, where: str = "") -> Any:
     """Rebuild frozen dataclass `cls` from its JSON object (missing fields take their defaults)."""
     if not isinstance(data, dict):
-        raise _Bad(f"{where or cls.__name__}: expected an object, got {data!r}")
+        raise _Bad(f"{where or cls.__name__}: expected an object, got {_short(data)}")
     kwargs = {}
     for f in dataclasses.fields(cls):
         path = f"{where}.{f.name}" if where else f.name
@@ -183,15 +203,31 @@ def build(cls: type, data: Any, where: str = "") -> Any:
     return cls(**kwargs)
 
 
+def _no_constant(name: str) -> Any:
+    raise _Bad(f'{name} is not JSON (non-finite numbers are written as the strings "+Inf", "-Inf", "NaN")')
+
+
+def _loads(text: str) -> Any:
+    """Strict JSON: NaN/Infinity literals refused (the writer never emits them)."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _finite_time(value: Any, where: str) -> float:
+    t = _decode("float", value, where)
+    if not math.isfinite(t):
+        raise _Bad(f"{where}: a time must be a finite number, got {value!r}")
+    return t
+
+
 def frame_from_line(text: str, num_servers: int) -> Frame:
-    data = json.loads(text)
+    data = _loads(text)
     if not isinstance(data, dict) or "t" not in data or "servers" not in data:
         raise _Bad('expected a frame object with "t" and "servers"')
     servers = _decode("tuple[ServerSnapshot, ...]", data["servers"], "servers")
     if len(servers) != num_servers:
         raise _Bad(f"servers: {len(servers)} snapshots, the header names {num_servers} URLs")
     gpus = _decode("tuple[GpuSnapshot, ...] | None", data.get("gpus"), "gpus")
-    return Frame(_decode("float", data["t"], "t"), servers, gpus)
+    return Frame(_finite_time(data["t"], "t"), servers, gpus)
 
 
 def load_recording(path: str | os.PathLike) -> Recording:
@@ -209,8 +245,8 @@ def load_recording(path: str | os.PathLike) -> Recording:
     if not lines or not lines[0].strip():
         raise RecordingError(f"{name}, line 1: empty; not a proxima top recording (make one with --record)")
     try:
-        header = json.loads(lines[0])
-    except json.JSONDecodeError:
+        header = _loads(lines[0])
+    except (ValueError, RecursionError):  # not JSON, a NaN literal, or nested past the parser's limit
         header = None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise RecordingError(f"{name}, line 1: not a proxima top recording header "
@@ -223,8 +259,8 @@ def load_recording(path: str | os.PathLike) -> Recording:
         raise RecordingError(f'{name}, line 1: "urls" must be a non-empty list of strings')
     try:
         interval = _decode("float", header.get("interval_s", 0.5), "interval_s")
-        started = _decode("float", header.get("started_at", 0.0), "started_at")
-    except _Bad as err:
+        started = _finite_time(header.get("started_at", 0.0), "started_at")
+    except (_Bad, OverflowError) as err:
         raise RecordingError(f"{name}, line 1: {err}") from None
     frames: list[Frame] = []
     numbers: list[int] = []
@@ -242,8 +278,11 @@ def load_recording(path: str | os.PathLike) -> Recording:
             raise RecordingError(f"{name}, line {number}: not valid JSON ({err.msg})") from None
         except _Bad as err:
             raise RecordingError(f"{name}, line {number}: {err}") from None
-        except TypeError as err:  # a dataclass refusing the rebuilt arguments
-            raise RecordingError(f"{name}, line {number}: {err}") from None
+        except RecursionError:
+            raise RecordingError(f"{name}, line {number}: nested too deeply to be a frame") from None
+        except (TypeError, ValueError, OverflowError) as err:
+            # A dataclass refusing the rebuilt arguments, a number too large for a float, ...
+            raise RecordingError(f"{name}, line {number}: {type(err).__name__}: {err}") from None
     for k in range(1, len(frames)):
         if frames[k].taken_at < frames[k - 1].taken_at:
             raise RecordingError(f"{name}, line {numbers[k]}: time goes backwards (frames must be in order)")

@@ -12,7 +12,14 @@ from bisect import bisect_right
 from dataclasses import replace
 
 from proxima.metrics import catalog
-from proxima.scrape import HistogramSnapshot, KVSnapshot, ServerSnapshot, rate
+from proxima.scrape import (  # noqa: F401 (merge_histograms: re-exported for the views' callers)
+    HistogramSnapshot,
+    KVSnapshot,
+    ServerSnapshot,
+    combine_kv,
+    merge_histograms,
+    rate,
+)
 from proxima.tui import fmt
 from proxima.tui.model import (
     DANGER_USAGE,
@@ -43,20 +50,6 @@ def baseline(i: int, frames: tuple[Frame, ...], times: tuple[float, ...],
         if frames[j].servers[i].ok:
             return frames[j].servers[i]
     return None
-
-
-def merge_histograms(hists) -> HistogramSnapshot:
-    """Sum histograms with the same bucket bounds (the aggregate view's latency quantiles)."""
-    total: HistogramSnapshot | None = None
-    for h in hists:
-        if not h.count:
-            continue
-        if total is None:
-            total = h
-        elif [le for le, _ in h.buckets] == [le for le, _ in total.buckets]:
-            total = HistogramSnapshot(tuple((le, a + b) for (le, a), (_, b) in zip(total.buckets, h.buckets)),
-                                      total.count + h.count, total.sum + h.sum)
-    return total or HistogramSnapshot()
 
 
 def _kv_view(snap: ServerSnapshot, window_base: ServerSnapshot | None) -> KVSnapshot | None:
@@ -184,32 +177,10 @@ def _sum(values) -> float | None:
 
 
 def _sum_kv(kvs: list[KVSnapshot]) -> KVSnapshot | None:
-    if not kvs:
-        return None
-    total, used = sum(k.slots_total for k in kvs), sum(k.slots_used for k in kvs)
-    live = sum(k.live_tokens for k in kvs)
-    allocators = sorted({k.allocator for k in kvs})
-    return KVSnapshot(
-        allocator="/".join(allocators), granularity=min(k.granularity for k in kvs),
-        slots_total=total, slots_used=used, slots_free=sum(k.slots_free for k in kvs),
-        slots_cached=sum(k.slots_cached for k in kvs), live_tokens=live,
-        token_usage=live / total if total else 0.0,
-        block_usage=sum(k.block_usage * k.slots_total for k in kvs) / total if total else 0.0,
-        fragmentation=max(0.0, (used - live) / used) if used else 0.0,
-        block_fragmentation=max(k.block_fragmentation for k in kvs),
-        largest_free_run=max(k.largest_free_run for k in kvs),
-        occupancy=(), bytes_per_token=max(k.bytes_per_token for k in kvs),
-        cache_bytes=sum(k.cache_bytes for k in kvs),
-        requests_holding_slots=sum(k.requests_holding_slots for k in kvs),
-        preemptions_total=sum(k.preemptions_total for k in kvs),
-        prefix_hit_tokens_total=sum(k.prefix_hit_tokens_total for k in kvs),
-        prefix_hit_tokens_beyond_blocks_total=sum(k.prefix_hit_tokens_beyond_blocks_total for k in kvs),
-        prefix_evicted_tokens_total=sum(k.prefix_evicted_tokens_total for k in kvs),
-        allocator_latency={
-            op: merge_histograms(k.allocator_latency[op] for k in kvs if op in k.allocator_latency)
-            for op in catalog.ALLOCATOR_OPS
-        },
-    )
+    # Servers combine as engines do (scrape.combine_kv); an occupancy map of several servers'
+    # caches laid over each other would mean nothing, so the aggregate view has none.
+    combined = combine_kv(kvs)
+    return None if combined is None else replace(combined, occupancy=())
 
 
 def aggregate_view(views: tuple[ServerView, ...]) -> ServerView:

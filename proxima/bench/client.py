@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from proxima.bench.workload import VOCABULARY, BenchRequest, WordCosts
+from proxima.fetch import first_model
 
 OK, FAILED, TIMED_OUT, CANCELLED = "ok", "failed", "timed_out", "cancelled"
 
@@ -65,7 +66,7 @@ async def fetch_model(http: httpx.AsyncClient, url: str) -> str:
     try:
         response = await http.get(url.rstrip("/") + "/v1/models", timeout=10.0)
         response.raise_for_status()
-        models = response.json().get("data") or []
+        return first_model(response.json()).id
     except httpx.ConnectError:
         raise ServerUnreachable(f"cannot reach {url}: connection refused (is the server running?)") from None
     except httpx.TimeoutException:
@@ -74,11 +75,13 @@ async def fetch_model(http: httpx.AsyncClient, url: str) -> str:
         raise ServerUnreachable(
             f"{url}/v1/models answered HTTP {err.response.status_code}; is it an OpenAI-compatible server?"
         ) from None
-    except (httpx.HTTPError, ValueError) as err:
+    except (httpx.HTTPError, httpx.InvalidURL) as err:
         raise ServerUnreachable(f"cannot reach {url}: {type(err).__name__}: {err}") from None
-    if not models or not isinstance(models[0], dict) or "id" not in models[0]:
-        raise ServerUnreachable(f"{url}/v1/models lists no model")
-    return str(models[0]["id"])
+    except json.JSONDecodeError:
+        raise ServerUnreachable(f"{url}/v1/models did not answer JSON; is it an OpenAI-compatible server?") \
+            from None
+    except ValueError as err:  # first_model: not an OpenAI model list
+        raise ServerUnreachable(f"{url}: {err}") from None
 
 
 async def _tokenize(http: httpx.AsyncClient, url: str, model: str, prompt: str) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -75,8 +76,13 @@ def wait_memory_released(baseline_bytes: int | None, timeout_s: float = 60.0) ->
     return time.monotonic() - start
 
 
+def _file_safe(label: str) -> str:
+    """A label as part of a file name: any text may name a server, "a/b" included."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or "server"
+
+
 def _server(plan: LaunchPlan, variant: str, label: str) -> ManagedServer:
-    log_path = plan.log_dir / f"server-{label}.log"
+    log_path = plan.log_dir / f"server-{_file_safe(label)}.log"
     spec = ServerSpec(model=plan.model, variant=variant, args=plan.vllm_args, log_path=log_path)
     return ManagedServer(spec)
 

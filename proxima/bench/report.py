@@ -13,9 +13,11 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from proxima.bench import charts
 from proxima.bench.client import OK, RequestResult
@@ -102,21 +104,24 @@ def terminal_tables(result: BenchResult) -> list[Table]:
                              no_wrap=header not in TEXT_COLUMNS)
         for lv in rows:
             failing = lv.slo_failure(result.verdict["slo_p95_e2e_s"], result.verdict["max_error_rate"])
-            table.add_row(*(cell(lv) for _, cell in shown), style="red" if failing else None)
+            # Text, not markup: a label or a server's error message may contain "[...]".
+            table.add_row(*(Text(str(cell(lv))) for _, cell in shown), style="red" if failing else None)
         tables.append(table)
     return tables
 
 
-def _server_line(run) -> str:
+def _server_line(run) -> Text:
     grain = f", {run.kv_block_size}-token granularity" if run.kv_block_size else ""
     capacity = f", KV {run.kv_capacity_tokens:.0f} tokens" if run.kv_capacity_tokens else ""
-    return f"[dim]{run.label}: {run.url}, allocator {run.allocator or '?'}{grain}{capacity}[/]"
+    return Text(f"{run.label}: {run.url}, allocator {run.allocator or '?'}{grain}{capacity}", style="dim")
 
 
 def verdict_panel(result: BenchResult) -> Panel:
-    lines = [_server_line(run) for run in result.runs] + list(result.verdict.get("summary", []))
-    lines += [f"[yellow]{run.label}: {run.stopped}[/]" for run in result.runs if run.stopped]
-    lines += [f"[yellow]note: {n}[/]" for n in result.notes]
+    # Text objects throughout: labels, URLs and servers' error strings are data, never markup.
+    lines = [_server_line(run) for run in result.runs]
+    lines += [Text(str(line)) for line in result.verdict.get("summary", [])]
+    lines += [Text(f"{run.label}: {run.stopped}", style="yellow") for run in result.runs if run.stopped]
+    lines += [Text(f"note: {n}", style="yellow") for n in result.notes]
     return Panel(Group(*lines) if lines else "no levels ran", title="Verdict", expand=False)
 
 
@@ -137,7 +142,7 @@ class ProgressObserver(Observer):
     def level_started(self, target: Target, kind: str, value: float, total: int | None) -> None:
         label = f"c={value:g}" if kind == CONCURRENCY else f"{value:g} req/s"
         self.done = self.errors = 0
-        self.task = self.progress.add_task(f"{target.label:>10} {label:>12}", total=total, errors="")
+        self.task = self.progress.add_task(f"{escape(target.label):>10} {label:>12}", total=total, errors="")
 
     def request_done(self, target: Target, result: RequestResult) -> None:
         self.done += 1
@@ -147,7 +152,8 @@ class ProgressObserver(Observer):
 
     def level_finished(self, target: Target, level: LevelResult) -> None:
         p95 = _num(level.e2e.p95, "{:.2f}")
-        note = f"[red]stopped: {level.aborted}[/]" if level.aborted else f"p95 {p95}s"
+        # The reason may quote a server's error message: data, escaped, never markup.
+        note = f"[red]stopped: {escape(level.aborted)}[/]" if level.aborted else f"p95 {p95}s"
         self.progress.update(self.task, errors=note, total=self.done or 1, completed=self.done)
 
 
@@ -220,11 +226,13 @@ def write_outputs(result: BenchResult, workload: Workload, out_dir: Path) -> lis
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    if make_png:
-        charts.write_png(charts.chart_specs(result), out_dir / "report.png")
-        paths.append(out_dir / "report.png")
+    # results.json first: if the disk fills up later, the measurement itself is already safe.
     for name, text in texts.items():
         write_atomic(out_dir / name, text)
         paths.append(out_dir / name)
     write_jsonl(workload, out_dir / "workload.jsonl")
-    return [*paths, out_dir / "workload.jsonl"]
+    paths.append(out_dir / "workload.jsonl")
+    if make_png:
+        charts.write_png(charts.chart_specs(result), out_dir / "report.png")
+        paths.append(out_dir / "report.png")
+    return paths

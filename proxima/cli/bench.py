@@ -120,8 +120,10 @@ def bench(
         fail(f"unexpected argument {vllm_args[0]!r}: vLLM flags after `--` are only used with --launch")
     if (label_a or label_b) and url:
         fail("--label-a/--label-b name the servers of an A/B; with --url there is one server")
-    if out is not None and out.exists() and not out.is_dir():
-        fail(f"--out {out} exists and is not a directory; choose another path")
+    if out is not None:
+        problem = _unwritable(out)
+        if problem:
+            fail(f"--out {out}: {problem}; choose a writable directory")
     if requests is not None and requests < 1:
         fail("--requests must be at least 1")
     if duration is not None and duration <= 0:
@@ -184,13 +186,53 @@ def bench(
     else:
         urls = [url] if url else [a, b]
         labels = [None] if url else [label_a, label_b]
-        urls = [u if "://" in u else "http://" + u for u in urls]
+        from proxima.fetch import normalize_url
+
+        try:
+            urls = [normalize_url(u) for u in urls]
+        except ValueError as err:
+            fail(str(err))
 
     params = SweepParams(per_level, duration, slo_p95, max_error_rate, avalanche_factor,
                          request_timeout_s=timeout, sample_interval_s=sample_interval, seed=seed)
     plan = BenchPlan(plan_workload, levels, params, urls, labels, launch_plan, default_max, _command(ctx),
                      interleave)
     _run(plan, out)
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why `out` could not be written at the end, judged now (nothing is created before a run)."""
+    import os
+
+    if out.exists():
+        if not out.is_dir():
+            return "exists and is not a directory"
+        return None if os.access(out, os.W_OK | os.X_OK) else "is not writable"
+    parent = out.parent
+    while not parent.exists():  # the nearest existing ancestor is where mkdir will start
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, so no directory can be made there"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable"
+
+
+def _write(report, result, work, out: Path | None) -> tuple[list[Path], str | None]:
+    """Write --out; if that fails (disk full, directory removed), write a temporary directory."""
+    import tempfile
+
+    if out is None:
+        return [], None
+    try:
+        return report.write_outputs(result, work, out), None
+    except OSError as first:
+        reason = first.strerror or str(first)
+    try:
+        fallback = Path(tempfile.mkdtemp(prefix="proxima-bench-"))
+        written = report.write_outputs(result, work, fallback)
+    except OSError as err:
+        return [], (f"cannot write the results to {out} ({reason}) nor to a temporary directory "
+                    f"({err.strerror or err}); the tables above are all that is left")
+    return written, f"cannot write the results to {out} ({reason}); they were written to {fallback} instead"
 
 
 def _interrupt(signum, frame) -> None:
@@ -231,15 +273,16 @@ def _run(plan, out: Path | None) -> None:
              code=130)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    try:
-        written = report.write_outputs(result, work, out) if out else []
-    except OSError as err:
-        fail(f"cannot write the results to {out}: {err.strerror or err}; choose another --out")
+    # The figures reach the terminal before anything touches the disk, and a failed write falls
+    # back to a fresh temporary directory: a finished measurement is never lost.
     for table in report.terminal_tables(result):
         console.print(table)
     console.print(report.verdict_panel(result))
+    written, write_error = _write(report, result, work, out)
     for path in written:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", markup=False, highlight=False)
+    if write_error:
+        fail(write_error, code=1)
     if interrupted:
         fail("interrupted: the levels that finished are reported above"
              + (" and written" if written else "") + "; launched servers were stopped", code=130)

@@ -38,10 +38,17 @@ def doctor(
     from proxima.probes.runner import DESCRIPTIONS, parse_checks, run_doctor
     from proxima.scrape import DEFAULT_URL
 
+    from proxima.fetch import normalize_url
+
     url = url or DEFAULT_URL
     for name, value in (("URL", url), ("--compare", compare)):
         if value is not None and not value.startswith(("http://", "https://")):
             fail(f"{name} {value!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000)")
+        try:
+            if value is not None:
+                normalize_url(value)
+        except ValueError as err:
+            fail(f"{name}: {err}")
     try:
         selected = parse_checks(checks)
     except ValueError as err:

@@ -27,6 +27,7 @@ from proxima.engine.settings import (
     ProximaConfigError,
     telemetry_interval_from_env,
 )
+from proxima.fetch import is_local
 from proxima.metrics.otel_env import ENDPOINT_ENV as OTLP_ENDPOINT_ENV
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,17 @@ class ServeCommand:
     notes: list[str] = field(default_factory=list)
 
 
+# KV cache `proxima serve` gives vLLM's CPU backend when the user chose no size: vLLM would
+# reserve --gpu-memory-utilization 0.92 of all RAM and refuse to start whenever that much is not
+# free. A quarter of the memory free now, at most 4 GiB (vLLM's CPU default before 0.10,
+# VLLM_CPU_KVCACHE_SPACE=4), is what a CPU server of small models needs.
+CPU_KV_MAX_BYTES = 4 << 30
+CPU_KV_FREE_FRACTION = 0.25
+# Below this there is no useful KV cache to give: refuse, naming the flag.
+CPU_KV_MIN_BYTES = 64 << 20
+_KV_SIZE_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
+
+
 def _has_flag(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
@@ -59,8 +71,53 @@ def _sets_graph_mode(args: list[str]) -> bool:
     return any(a.startswith(_GRAPH_FLAGS) for a in args)
 
 
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for k, a in enumerate(args):
+        if a == flag and k + 1 < len(args):
+            return args[k + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def exposure_note(args: list[str]) -> str | None:
+    """One line when the server will answer beyond loopback with no API key; None otherwise.
+
+    vLLM (and so `proxima serve`, a drop-in) binds every interface unless --host is given; that
+    stays, but nobody should find out from a stranger's requests."""
+    host = _flag_value(args, "--host")
+    if _has_flag(args, "--api-key") or os.environ.get("VLLM_API_KEY"):
+        return None
+    if host is not None and is_local(f"http://[{host}]" if ":" in host else f"http://{host}"):
+        return None
+    where = f"--host {host}" if host else "every interface (no --host)"
+    return (f"the server listens on {where} without --api-key: anyone who can reach this machine can "
+            "use it; pass --host 127.0.0.1 to keep it local, or --api-key KEY")
+
+
+def cpu_kv_default(args: list[str], available_bytes: int | None = None) -> tuple[list[str], str | None]:
+    """On CPU with no KV size chosen: a bounded --kv-cache-memory-bytes, and the line saying so."""
+    if any(_has_flag(args, f) for f in _KV_SIZE_FLAGS) or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return [], None
+    if available_bytes is None:
+        import psutil
+
+        available_bytes = psutil.virtual_memory().available
+    size = min(CPU_KV_MAX_BYTES, int(available_bytes * CPU_KV_FREE_FRACTION)) >> 20 << 20
+    if size < CPU_KV_MIN_BYTES:
+        raise ProximaConfigError(
+            f"only {available_bytes / 2**30:.1f} GiB of memory is free, too little for a KV cache; "
+            "free memory or pass --kv-cache-memory-bytes BYTES"
+        )
+    note = (f"CPU: KV cache {size / 2**30:.2f} GiB (--kv-cache-memory-bytes {size}: a quarter of the "
+            f"{available_bytes / 2**30:.1f} GiB free, at most {CPU_KV_MAX_BYTES >> 30} GiB); pass "
+            "--kv-cache-memory-bytes or --gpu-memory-utilization to choose")
+    return ["--kv-cache-memory-bytes", str(size)], note
+
+
 def build_serve_command(model: str, allocator: str, vllm_args: list[str],
-                        cuda: bool | None = None, otlp_endpoint: str | None = None) -> ServeCommand:
+                        cuda: bool | None = None, otlp_endpoint: str | None = None,
+                        available_bytes: int | None = None) -> ServeCommand:
     if allocator not in ALLOCATORS:
         raise ProximaConfigError(
             f"--proxima-allocator {allocator!r}: choose one of {', '.join(ALLOCATORS)}"
@@ -86,6 +143,16 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
             args += ["--compilation-config", FULL_CUDA_GRAPHS]
             notes.append("CUDA graphs: FULL (mixed prefill+decode steps are captured too; "
                          "pass --compilation-config or --enforce-eager to choose otherwise)")
+    if cuda is None:
+        cuda = _cuda_available()
+    if not cuda:
+        extra, note = cpu_kv_default(args, available_bytes)
+        args += extra
+        if note:
+            notes.append(note)
+    exposure = exposure_note(args)
+    if exposure:
+        notes.append(exposure)
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args,
             "--scheduler-cls", SCHEDULER_CLS]
     env = {ALLOCATOR_ENV: allocator}

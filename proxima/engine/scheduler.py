@@ -29,7 +29,7 @@ from proxima.engine.settings import ProximaConfigError, ProximaSettings
 from proxima.metrics import catalog
 from proxima.metrics.otel_env import RequestKVFacts, otlp_endpoint_from_env
 from proxima.metrics.prometheus import PrometheusKVExporter
-from proxima.metrics.sink import KVTelemetrySink
+from proxima.metrics.sink import FailOpenSinks
 
 # Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -81,16 +81,19 @@ class ProximaScheduler(Scheduler):
         else:
             super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
 
-        engine = str(vllm_config.parallel_config.data_parallel_rank)
+        # vLLM 0.26 resets data_parallel_rank to 0 in every engine of a dense model; the index is
+        # each engine's own (what vLLM's metrics label engine=), so DP engines never share series.
+        engine = str(vllm_config.parallel_config.data_parallel_index)
         self.kv_exporter = PrometheusKVExporter(CollectorRegistry(), engine=engine)
-        self.kv_sinks: list[KVTelemetrySink] = [self.kv_exporter]
+        # Every sink call below goes through a guard: a failing exporter must not stop the engine.
+        self.kv_sinks = FailOpenSinks(self.kv_exporter.count_telemetry_error)
+        self.kv_sinks.add("prometheus", self.kv_exporter)
         self.otel_exporter = None
         endpoint = otlp_endpoint_from_env()
         if endpoint is not None:
             from proxima.metrics.otel import OtelKVExporter
 
-            self.otel_exporter = OtelKVExporter(endpoint, engine=engine)
-            self.kv_sinks.append(self.otel_exporter)
+            self.otel_exporter = self.kv_sinks.add("otlp", OtelKVExporter(endpoint, engine=engine))
         # Slots each live request has held at most (kept across preemptions), for request spans.
         self._kv_peak: dict[str, int] = {}
         self._granularity = 1 if settings.token_slots else self.block_size

@@ -171,6 +171,15 @@ PREFIX_EVICTED_TOKENS = MetricSpec(
     unit="tokens",
 )
 PREFIX_COUNTERS = (PREFIX_HIT_TOKENS, PREFIX_HIT_BEYOND_BLOCKS, PREFIX_EVICTED_TOKENS)
+TELEMETRY_ERRORS = MetricSpec(
+    "proxima_telemetry_errors",
+    Kind.COUNTER,
+    "Exceptions raised by a KV telemetry sink (prometheus, otlp) and caught so that serving goes on; "
+    "the sink's figures are stale or missing while this rises.",
+    labels=("engine", "sink"),
+)
+# The sinks' names, as the scheduler registers them (the label values of TELEMETRY_ERRORS).
+TELEMETRY_SINKS = ("prometheus", "otlp")
 
 ENGINE_METRICS: tuple[MetricSpec, ...] = (
     ALLOCATOR_INFO,
@@ -191,6 +200,7 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
     PREEMPTIONS,
     ALLOCATOR_LATENCY,
     *PREFIX_COUNTERS,
+    TELEMETRY_ERRORS,
 )
 
 

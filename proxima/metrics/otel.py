@@ -9,6 +9,7 @@ providers are created here and passed around, never installed as process globals
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -18,16 +19,19 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from proxima.engine.kv_stats import KVStats
 from proxima.metrics import catalog as c
-from proxima.metrics.otel_env import RequestKVFacts, signal_url
+from proxima.metrics.otel_env import RequestKVFacts, otlp_endpoint_source, signal_url
+from proxima.metrics.otel_latency import LatencyHistograms, WithLatencies
 
 SPAN_NAME = "proxima.kv.request"
+
+# Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 
 class OtelKVExporter:
@@ -40,23 +44,27 @@ class OtelKVExporter:
         self._info: dict[str, str] = {}
         resource = Resource.create({"service.name": "proxima-engine", "proxima.engine": engine})
         interval = export_interval_ms or int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "10000"))
-        self._reader = PeriodicExportingMetricReader(
-            OTLPMetricExporter(endpoint=signal_url(endpoint, "metrics")), export_interval_millis=interval
-        )
-        self.meter_provider = MeterProvider(
-            resource=resource,
-            metric_readers=[self._reader],
-            views=[View(instrument_name=c.ALLOCATOR_LATENCY.name,
-                        aggregation=ExplicitBucketHistogramAggregation(list(c.ALLOCATOR_LATENCY.buckets)))],
-        )
+        # Latencies are bucketed here in batches and joined to each export (otel_latency.py).
+        self._latencies = LatencyHistograms(engine)
+        exporter = WithLatencies(OTLPMetricExporter(endpoint=signal_url(endpoint, "metrics")),
+                                 self._latencies, resource)
+        self._reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval)
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader])
         self.tracer_provider = TracerProvider(resource=resource)
         self.tracer_provider.add_span_processor(
             BatchSpanProcessor(OTLPSpanExporter(endpoint=signal_url(endpoint, "traces")))
         )
         self._tracer = self.tracer_provider.get_tracer("proxima.engine")
+        # The generic OTEL_EXPORTER_OTLP_ENDPOINT (set for some other tool, perhaps) also switches
+        # this on: say what goes where, once, so nobody exports request spans without knowing it.
+        source = otlp_endpoint_source()
+        origin = f" (from {source[1]})" if source and source[0] == endpoint.rstrip("/") else ""
+        logger.info(
+            "Proxima: OTLP export on%s: engine %s KV metrics every %.3gs to %s, one span per finished "
+            "request (ids, token counts, KV slots) to %s",
+            origin, engine, interval / 1000, signal_url(endpoint, "metrics"), signal_url(endpoint, "traces"),
+        )
         meter = self.meter_provider.get_meter("proxima.engine")
-        self._latency = meter.create_histogram(c.ALLOCATOR_LATENCY.name, unit="s",
-                                               description=c.ALLOCATOR_LATENCY.help)
         self._preemptions = meter.create_counter(c.PREEMPTIONS.sample_name, description=c.PREEMPTIONS.help)
         gauges = {
             c.SLOTS_TOTAL: lambda s: s.slots_total,
@@ -91,9 +99,7 @@ class OtelKVExporter:
         self._static = {c.BYTES_PER_TOKEN.name: bytes_per_token, c.CACHE_BYTES.name: cache_bytes}
 
     def observe_latencies(self, op: str, seconds: Sequence[float]) -> None:
-        attrs = {"engine": self.engine, "op": op}
-        for value in seconds:
-            self._latency.record(value, attrs)
+        self._latencies.add(op, seconds)
 
     def count_preemption(self) -> None:
         self._preemptions.add(1, self._attrs)
@@ -138,7 +144,8 @@ class OtelKVExporter:
             stats = self._stats
         if stats is None:
             return []
-        return [Observation(v, {"engine": self.engine, "segment": str(i)}) for i, v in enumerate(stats.occupancy)]
+        return [Observation(v, {"engine": self.engine, "segment": str(i)})
+                for i, v in enumerate(stats.occupancy)]
 
     def _observe_info(self, options: CallbackOptions):
         return [Observation(1, {"engine": self.engine, **self._info})] if self._info else []

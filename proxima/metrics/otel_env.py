@@ -9,12 +9,21 @@ from dataclasses import dataclass
 ENDPOINT_ENV = "PROXIMA_OTLP_ENDPOINT"
 
 
-def otlp_endpoint_from_env() -> str | None:
-    for name in (ENDPOINT_ENV, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+ENDPOINT_ENVS = (ENDPOINT_ENV, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def otlp_endpoint_source() -> tuple[str, str] | None:
+    """(endpoint, the variable it came from), first set of ENDPOINT_ENVS; None if none is."""
+    for name in ENDPOINT_ENVS:
         value = os.environ.get(name, "").strip()
         if value:
-            return value.rstrip("/")
+            return value.rstrip("/"), name
     return None
+
+
+def otlp_endpoint_from_env() -> str | None:
+    source = otlp_endpoint_source()
+    return source[0] if source else None
 
 
 def signal_url(endpoint: str, signal: str) -> str:

@@ -82,6 +82,17 @@ class PrometheusKVExporter:
         self._occupancy_shown: tuple[float, ...] | None = None
         self._prefix = {spec.name: self._m[spec.name].labels(engine=engine) for spec in c.PREFIX_COUNTERS}
         self._prefix_shown = (0, 0, 0)
+        # Children made now, so every sink's counter reads 0 from the start (rate() needs a first point).
+        errors = self._m[c.TELEMETRY_ERRORS.name]
+        self._telemetry_errors = {sink: errors.labels(engine=engine, sink=sink) for sink in c.TELEMETRY_SINKS}
+
+    def count_telemetry_error(self, sink: str) -> None:
+        """One exception caught from sink `sink` (FailOpenSinks' counter)."""
+        counter = self._telemetry_errors.get(sink)
+        if counter is None:  # sink names are the scheduler's constants: the label set stays bounded
+            counter = self._telemetry_errors[sink] = self._m[c.TELEMETRY_ERRORS.name].labels(
+                engine=self.engine, sink=sink)
+        counter.inc()
 
     def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None:
         self._m[c.ALLOCATOR_INFO.name].labels(

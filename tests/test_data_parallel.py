@@ -1,0 +1,92 @@
+"""Data parallelism: each engine exports under its own `engine` label, and every figure that
+combines engines is recomputed from their counts, never summed as ratios.
+
+vLLM 0.26 resets `data_parallel_rank` to 0 in every engine of a dense model (the real rank is
+`data_parallel_index`); labelled by the rank, two engines wrote the same series and multiprocess
+`livesum` added their ratios. tests/data/dp2/metrics.txt is a real exposition of
+`proxima serve --data-parallel-size 2` (tiny model, CPU) taken with requests running on both.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxima.launcher import ManagedServer, ServerSpec
+from proxima.metrics import catalog as c
+from proxima.scrape import KVSnapshot, parse_metrics
+from tests.conftest import SERVER_ARGS
+
+DP2_TEXT = (Path(__file__).parent / "data" / "dp2" / "metrics.txt").read_text()
+
+
+def _assert_combined(kv: KVSnapshot, parts: list[KVSnapshot]) -> None:
+    total = sum(p.slots_total for p in parts)
+    block_slots = sum(p.block_usage * p.slots_total for p in parts)
+    live = sum(p.live_tokens for p in parts)
+    assert kv.slots_total == total and kv.live_tokens == live
+    assert kv.block_usage == pytest.approx(block_slots / total)
+    assert kv.token_usage == pytest.approx(live / total)
+    assert kv.block_fragmentation == pytest.approx((block_slots - live) / block_slots if block_slots else 0)
+    for ratio in (kv.block_usage, kv.token_usage, kv.fragmentation, kv.block_fragmentation, *kv.occupancy):
+        assert 0.0 <= ratio <= 1.0
+    assert kv.occupancy == pytest.approx([
+        sum(p.occupancy[i] * p.slots_total for p in parts) / total for i in range(len(kv.occupancy))])
+
+
+def test_two_engines_of_a_real_exposition_combine_from_their_counts():
+    snap = parse_metrics(DP2_TEXT)
+    assert snap.engines == ("0", "1")
+    parts = [parse_metrics(DP2_TEXT, engine=e).proxima for e in ("0", "1")]
+    assert all(p is not None and p.slots_used > 0 for p in parts), "the exposition should be under load"
+    assert snap.proxima is not None and snap.proxima.engines == ("0", "1")
+    _assert_combined(snap.proxima, parts)
+    # Each engine alone reads its own gauges as exported.
+    assert parts[1].block_usage == pytest.approx(_sample(c.BLOCK_USAGE.name, "1"))
+    assert snap.proxima.block_fragmentation > 0  # was reported 0 for more than one engine
+    # vLLM's own KV usage, weighted by each engine's blocks (both have the same number here).
+    usages = [_sample(c.Vllm.KV_USAGE, e) for e in ("0", "1")]
+    assert snap.kv_usage == pytest.approx(sum(usages) / 2)
+    assert snap.num_gpu_blocks == 2 * parse_metrics(DP2_TEXT, engine="0").num_gpu_blocks
+
+
+def _sample(name: str, engine: str) -> float:
+    for line in DP2_TEXT.splitlines():
+        if line.startswith(name + "{") and f'engine="{engine}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} engine={engine} not in the exposition")
+
+
+@pytest.mark.engine
+def test_a_two_engine_server_labels_each_engine_and_ratios_stay_within_one(tiny_model, server_logs):
+    spec = ServerSpec(model=tiny_model, variant="token", log_path=server_logs / "dp2.log",
+                      args=(*SERVER_ARGS, "--data-parallel-size", "2"))
+    with ManagedServer(spec) as server, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        def complete(words: int) -> int:
+            return httpx.post(f"{server.url}/v1/completions", timeout=300, json={
+                "model": tiny_model, "prompt": " ".join(["fox"] * words), "max_tokens": 300,
+                "ignore_eos": True}).status_code
+
+        futures = [pool.submit(complete, 20 + 7 * k) for k in range(8)]
+        text, busy = "", None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(f.done() for f in futures):
+            text = httpx.get(f"{server.url}/metrics", timeout=10).text
+            busy = [parse_metrics(text, engine=e).proxima for e in ("0", "1")]
+            if all(p is not None and p.slots_used > 0 for p in busy):
+                break
+            time.sleep(0.2)
+        (server_logs / "dp2-metrics.txt").write_text(text)
+        assert all(f.result() == 200 for f in futures)
+    info = [line for line in text.splitlines() if line.startswith(c.ALLOCATOR_INFO.name + "{")]
+    assert len(info) == 2 and all(line.endswith(" 1.0") for line in info), info  # one series each
+    assert busy is not None and all(p is not None and p.slots_used > 0 for p in busy), \
+        "both engines should hold slots while eight requests run"
+    assert [p.slots_total for p in busy] == [32768, 32768]
+    snap = parse_metrics(text)
+    assert snap.proxima is not None
+    _assert_combined(snap.proxima, busy)
