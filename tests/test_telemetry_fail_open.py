@@ -134,3 +134,20 @@ def test_scripts_can_extend_and_time_the_sinks_as_before():
         sink.publish = lambda stats, inner=inner: inner(stats)
         sink.publish(STATS)
     assert calls == [STATS]
+
+
+def test_a_failing_kv_state_collection_is_caught_and_counted_as_collect():
+    from proxima.engine.kv_manager import OpTimings
+    from proxima.engine.scheduler import ProximaScheduler
+
+    class Stand:  # the scheduler's publish path alone: a real scheduler needs a whole engine
+        kv_sinks = FailOpenSinks()
+        _timings = OpTimings()
+        last_kv_stats = None
+
+        def _collect_stats(self):
+            raise RuntimeError("injected: a request vanished mid-read")
+
+    stand = Stand()
+    ProximaScheduler.publish_kv_telemetry(stand)  # must not raise
+    assert stand.kv_sinks.errors == {"collect": 1} and stand.last_kv_stats is None

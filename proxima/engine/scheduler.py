@@ -139,8 +139,15 @@ class ProximaScheduler(Scheduler):
         return output
 
     def publish_kv_telemetry(self) -> None:
-        """Collect the KV state now and hand it, with every latency timed since, to the sinks."""
-        self.last_kv_stats = self._collect_stats()
+        """Collect the KV state now and hand it, with every latency timed since, to the sinks.
+
+        Collection fails open like the sinks: an exception here is counted and logged as sink
+        `collect`, and the step goes on (vLLM's busy loop treats a scheduler exception as fatal)."""
+        try:
+            self.last_kv_stats = self._collect_stats()
+        except Exception as err:  # noqa: BLE001 (telemetry must never take serving down)
+            self.kv_sinks.failed("collect", "_collect_stats", err)
+            return
         timings = self._timings.drain()
         for sink in self.kv_sinks:
             for op, seconds in timings.items():

@@ -179,7 +179,7 @@ TELEMETRY_ERRORS = MetricSpec(
     labels=("engine", "sink"),
 )
 # The sinks' names, as the scheduler registers them (the label values of TELEMETRY_ERRORS).
-TELEMETRY_SINKS = ("prometheus", "otlp")
+TELEMETRY_SINKS = ("prometheus", "otlp", "collect")  # collect: reading the KV state itself
 
 ENGINE_METRICS: tuple[MetricSpec, ...] = (
     ALLOCATOR_INFO,
