@@ -134,7 +134,9 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         status, summary = Status.WARN, "; ".join(warns)
     else:
         where = f"{len(gpus)} GPU(s)" if gpus else "CPU"
+        dtype = snapshot.kv_cache_dtype
+        kv_note = f", KV cache {dtype}" if dtype not in (None, "auto") else ""
         summary = (f"vLLM {served_vllm or local_vllm}, torch {local_torch}, {where}; "
-                   f"Proxima {kv.allocator if kv else '-'} allocator loaded")
+                   f"Proxima {kv.allocator if kv else '-'} allocator loaded{kv_note}")
         status = Status.OK
     return ProbeResult(CHECK, status, summary, evidence, RUNBOOK, tuple(advice))

@@ -184,6 +184,7 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     evidence: dict = {
         "kv_capacity_tokens": capacity,
         "kv_bytes_per_token": per_token,
+        "kv_cache_dtype": snapshot.kv_cache_dtype or "N/A",
         "kv_cache_bytes": capacity * per_token if capacity and per_token else None,
         "max_model_len": ctx.max_model_len,
         "typical_request_tokens": round(typical, 1) if typical else None,

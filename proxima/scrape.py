@@ -148,6 +148,11 @@ class ServerSnapshot:
     def is_proxima(self) -> bool:
         return self.proxima is not None
 
+    @property
+    def kv_cache_dtype(self) -> str | None:
+        """vLLM's --kv-cache-dtype as the server runs it ("auto": the model's dtype)."""
+        return self.cache_config.get("cache_dtype")
+
     def config_int(self, key: str) -> int | None:
         return _as_int(self.cache_config.get(key))
 

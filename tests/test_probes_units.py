@@ -176,3 +176,16 @@ def test_render_shows_table_evidence_advice_and_runbook():
     assert "-> restart the server" in out
     assert "runbook: runbooks/memory-leak.md" in out
     assert "exit code 2" in out
+
+
+def test_kv_cache_dtype_is_read_from_vllms_cache_config_and_shown_by_top():
+    from proxima.scrape import parse_metrics
+    from proxima.tui.render import kv_lines
+    from proxima.tui.views import _figures
+
+    text = (Path(__file__).parent / "data/top/proxima_metrics.txt").read_text()
+    assert parse_metrics(text).kv_cache_dtype == "auto"
+    fp8 = parse_metrics(text.replace('cache_dtype="auto"', 'cache_dtype="fp8_e4m3"'))
+    assert fp8.kv_cache_dtype == "fp8_e4m3"
+    lines = "\n".join(line.plain for line in kv_lines(_figures(fp8, None, None), 120))
+    assert "KV fp8_e4m3, 1,024 B/token" in lines or "KV fp8_e4m3, 1024 B/token" in lines

@@ -80,6 +80,7 @@ class ServerView:
     kv: KVSnapshot | None = None
     # Prompt tokens served from the prefix cache / looked up, over the window (None: no lookups).
     prefix_hit_rate: float | None = None
+    kv_cache_dtype: str | None = None  # vLLM's --kv-cache-dtype ("auto": the model's dtype)
     typical_request_tokens: float | None = None
     headroom_requests: float | None = None
     level: str = "ok"  # "ok", "warn" or "danger"

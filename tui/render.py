@@ -117,7 +117,7 @@ def kv_lines(view: ServerView, width: int) -> list[Text]:
     lines += [
         _row("slots", (f"{fmt.count(kv.slots_used)} / {fmt.count(kv.slots_total)}", usage_style(used)),
              f" used ({fmt.pct(used)}) · {fmt.count(kv.slots_cached)} cached · "
-             f"{fmt.count(max(0.0, kv.slots_free - kv.slots_cached))} free"),
+             f"{fmt.count(max(0.0, kv.slots_free - kv.slots_cached))} free" + _dtype_note(view)),
         _row("tokens", f"{fmt.count(kv.live_tokens)} live ({fmt.pct(kv.token_usage)}) · "
              f"{catalog.REFERENCE_BLOCK_SIZE}-token blocks would use {fmt.pct(kv.block_usage)}"),
         _row("fragment.", f"{fmt.pct(kv.fragmentation)} of used slots idle · "
@@ -163,6 +163,14 @@ def _stock_kv_lines(view: ServerView, width: int) -> list[Text]:
     if view.prefix_hit_rate is not None:
         lines.append(_row("prefix", f"hit rate {fmt.pct(view.prefix_hit_rate)} (whole blocks only)"))
     return lines
+
+
+def _dtype_note(view: ServerView) -> str:
+    """The KV dtype when it is not the model's own (fp8 halves bytes per token)."""
+    dtype = view.kv_cache_dtype
+    if dtype in (None, "auto") or view.kv is None:
+        return ""
+    return f" · KV {dtype}, {fmt.count(view.kv.bytes_per_token)} B/token"
 
 
 def _prefix_summary(view: ServerView, kv) -> str:

@@ -92,6 +92,7 @@ def _figures(snap: ServerSnapshot, rate_base: ServerSnapshot | None,
         window_s=None if window_base is None else snap.taken_at - window_base.taken_at,
         kv=kv,
         prefix_hit_rate=prefix_hit_rate(snap, window_base),
+        kv_cache_dtype=snap.kv_cache_dtype,
         typical_request_tokens=typical,
         headroom_requests=free / typical if free is not None and typical else None,
     )
