@@ -42,8 +42,14 @@ class Sample:
         return sum(util) / len(util) if util else None
 
 
+# The scrape layer's default total budget (5 s) suits `top`'s refreshes; the doctor samples a
+# server it is loading itself, whose /metrics can take seconds to answer on shared CPU cores,
+# and a phase with too few readings is an error, so its samples get more time.
+SAMPLE_TIMEOUT_S = 20.0
+
+
 async def take_sample(ctx: ProbeContext, t0: float) -> Sample:
-    snapshot = await scrape(ctx.client, ctx.url)
+    snapshot = await scrape(ctx.client, ctx.url, timeout=SAMPLE_TIMEOUT_S)
     return Sample(time.monotonic() - t0, snapshot, process_tree_rss(ctx.server_pid), read_gpus())
 
 
