@@ -268,13 +268,23 @@ def test_tree_heap_stays_bounded(n):
 
 # -- the test-only leak fault: unreachable by accident ------------------------------------------
 
-def test_leak_fault_is_ignored_without_the_test_switch(monkeypatch, caplog):
+def test_leak_fault_is_ignored_without_the_test_switch(monkeypatch):
+    import logging
+
     from proxima.engine import faults
 
     monkeypatch.setenv(faults.LEAK_ENV, "3")
     monkeypatch.delenv(faults.ENABLE_ENV, raising=False)
-    assert faults.leak_per_free_from_env() == 0
-    assert any("ignored" in r.message for r in caplog.records)
+    # Listen on the module's own "vllm." logger: vLLM's logging setup stops it propagating.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    faults.logger.addHandler(handler)
+    try:
+        assert faults.leak_per_free_from_env() == 0
+    finally:
+        faults.logger.removeHandler(handler)
+    assert any("ignored" in r.getMessage() for r in records)
     monkeypatch.setenv(faults.ENABLE_ENV, "1")
     assert faults.leak_per_free_from_env() == 3
 

@@ -19,6 +19,7 @@ from proxima.launcher import ManagedServer, ServerSpec
 from proxima.metrics import catalog as c
 from proxima.metrics.prometheus import PrometheusKVExporter
 from proxima.metrics.sink import FailOpenSinks
+from proxima.metrics.sink import logger as sink_logger
 from proxima.scrape import parse_metrics
 from tests.conftest import SERVER_ARGS
 
@@ -46,7 +47,7 @@ def _errors(registry: CollectorRegistry, sink: str) -> float | None:
     return registry.get_sample_value(c.TELEMETRY_ERRORS.sample_name, {"engine": "0", "sink": sink})
 
 
-def test_a_raising_sink_is_caught_counted_and_the_next_sink_still_runs(caplog):
+def test_a_raising_sink_is_caught_counted_and_the_next_sink_still_runs():
     registry = CollectorRegistry()
     prom = PrometheusKVExporter(registry)
     clock = Clock()
@@ -54,7 +55,13 @@ def test_a_raising_sink_is_caught_counted_and_the_next_sink_still_runs(caplog):
     sinks.add("otlp", RaisingSink())
     sinks.add("prometheus", prom)
     assert _errors(registry, "otlp") == 0.0  # present from the start, so rate() has a first point
-    with caplog.at_level(logging.ERROR):
+    # The sink logs under "vllm.", which vLLM's logging setup (run by any earlier test that
+    # imported vLLM) stops from propagating to the root logger: listen on the logger itself.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    sink_logger.addHandler(handler)
+    try:
         for _ in range(50):
             for sink in sinks:
                 sink.observe_latencies("step", [1e-4])
@@ -63,16 +70,18 @@ def test_a_raising_sink_is_caught_counted_and_the_next_sink_still_runs(caplog):
         clock.now = 61.0
         for sink in sinks:
             sink.publish(STATS)
+    finally:
+        sink_logger.removeHandler(handler)
     assert _errors(registry, "otlp") == 151.0
     assert _errors(registry, "prometheus") == 0.0
     assert sinks.errors == {"otlp": 151}
     # The sink after the broken one saw every call.
     assert registry.get_sample_value(c.SLOTS_USED.name, {"engine": "0"}) == 10.0
     assert registry.get_sample_value(c.PREEMPTIONS.sample_name, {"engine": "0"}) == 50.0
-    lines = [r.getMessage() for r in caplog.records if "telemetry sink otlp failed" in r.getMessage()]
+    lines = [r.getMessage() for r in records if "telemetry sink otlp failed" in r.getMessage()]
     assert len(lines) == 2, lines  # once at the first failure, once after the interval
     assert "149 more failures" in lines[1]  # 151 = the two logged + 149 between them
-    assert caplog.records[0].exc_info is not None and not caplog.records[-1].exc_info
+    assert records[0].exc_info is not None and not records[-1].exc_info
 
 
 def test_a_failing_error_counter_does_not_raise_either():
