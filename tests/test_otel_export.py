@@ -35,6 +35,10 @@ def _wait_for(predicate, timeout=60.0):
     return False
 
 
+def _last_value(points) -> float | None:
+    return (points[-1].as_double or points[-1].as_int) if points else None
+
+
 def test_metrics_and_request_spans_reach_an_otlp_receiver(tiny_model, server_logs):
     with OtlpReceiver() as receiver:
         spec = ServerSpec(
@@ -52,6 +56,9 @@ def test_metrics_and_request_spans_reach_an_otlp_receiver(tiny_model, server_log
                 usages.append(r.json()["usage"])
             assert _wait_for(lambda: len(receiver.spans(SPAN_NAME)) >= 3), "no request spans received"
             assert _wait_for(lambda: any(p.as_double or p.as_int for p in receiver.gauge_points(c.SLOTS_TOTAL.name)))
+            # An export after the engine's idle publish (the requests may all finish between two
+            # exports, and a server stopped at once may not flush): nothing held any more.
+            assert _wait_for(lambda: _last_value(receiver.gauge_points(c.SLOTS_USED.name)) == 0)
 
         names = receiver.metric_names()
         for spec_ in (c.SLOTS_TOTAL, c.SLOTS_USED, c.FRAGMENTATION, c.TOKEN_USAGE, c.ALLOCATOR_INFO,

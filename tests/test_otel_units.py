@@ -75,14 +75,27 @@ def test_latencies_reach_an_otlp_receiver_as_one_histogram_per_op():
     assert {a.key: a.value.string_value for a in allocate.attributes}["engine"] == "3"
 
 
-def test_export_from_the_generic_otel_endpoint_is_announced(monkeypatch, caplog):
+def test_export_from_the_generic_otel_endpoint_is_announced(monkeypatch):
     for name in ("PROXIMA_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
-    with caplog.at_level(logging.INFO):
+    # Listen on the exporter's own "vllm." logger: vLLM's logging setup (run by any earlier test
+    # that imported vLLM) stops it from propagating to caplog's root handler.
+    from proxima.metrics import otel
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    otel.logger.addHandler(handler)
+    level = otel.logger.level
+    otel.logger.setLevel(logging.INFO)
+    try:
         exporter = OtelKVExporter(otlp_endpoint_from_env(), export_interval_ms=3_600_000)
+    finally:
+        otel.logger.removeHandler(handler)
+        otel.logger.setLevel(level)
     exporter.shutdown()
-    lines = [r.getMessage() for r in caplog.records if "OTLP" in r.getMessage()]
+    lines = [r.getMessage() for r in records if "OTLP" in r.getMessage()]
     assert len(lines) == 1, lines
     line = lines[0]
     for part in ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9/v1/metrics",
