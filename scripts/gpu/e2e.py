@@ -208,8 +208,7 @@ def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix
         model = str(Path(model).parent / "seeded-model")
     kw = dict(load_format="auto" if seeded else "dummy", dtype="bfloat16", max_model_len=2048, seed=0,
               kv_cache_memory_bytes=kv_bytes, max_num_seqs=512, attention_backend=backend)
-    # Prefix caching stays at vLLM's default (on) for every engine: stock as users run it, and
-    # Proxima's token-exact cache; the prompts here are distinct, so it rarely hits.
+    # Prefix caching at vLLM's default (on) for every engine, as users run stock.
     if name in FULL_GRAPHS:
         kw["compilation_config"] = {"cudagraph_mode": "FULL"}
     if name in FP8:
