@@ -2,8 +2,9 @@
 (the scheduler's stats and the Prometheus exporter's samples) beside what the engine did.
 
 Executed by tests/test_engine_metrics.py in a subprocess per allocator; `token-prefix` runs the
-prefix-cache scenario on token slots with vLLM's prefix caching on.
-usage: python tests/metrics_scenarios.py MODEL_DIR {token,block,token-prefix} OUT.json
+prefix-cache scenario with vLLM's prefix caching on, on token slots (`token-prefix`) or on stock
+32-token blocks (`block-prefix`).
+usage: python tests/metrics_scenarios.py MODEL_DIR {token,block,token-prefix,block-prefix} OUT.json
 """
 
 from __future__ import annotations
@@ -102,14 +103,14 @@ TAILS = [3, 5, 8, 13]
 FLOOD = 30  # prompts of 200 tokens: 6,000 tokens into 4,096 slots
 
 
-def prefix_scenario(model: str) -> dict:
+def prefix_scenario(model: str, block_size: int = 1) -> dict:
     """One burst of 4 prompts behind a 40-token system prompt, the same burst again, then a
     flood of unrelated prompts that needs more than the free slots (evictions)."""
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
               max_num_batched_tokens=2048, max_num_seqs=64, enable_prefix_caching=True,
-              block_size=1, kv_cache_memory_bytes=KV_SLOTS * 1024,
+              block_size=block_size, kv_cache_memory_bytes=KV_SLOTS * 1024,
               scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
@@ -141,7 +142,10 @@ if __name__ == "__main__":
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["PROXIMA_ALLOCATOR"] = variant.removesuffix("-prefix")
     os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = "0"  # publish every step: snapshots are per step
-    data = prefix_scenario(model_dir) if variant == "token-prefix" else main(model_dir, variant)
+    if variant.endswith("-prefix"):
+        data = prefix_scenario(model_dir, 1 if variant == "token-prefix" else 32)
+    else:
+        data = main(model_dir, variant)
     with open(out_path + ".tmp", "w") as f:
         json.dump(data, f)
     os.replace(out_path + ".tmp", out_path)

@@ -130,14 +130,29 @@ def test_a_busy_engine_publishes_gauges_at_most_once_per_interval(run):
 
 # -- the prefix cache ------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def prefix_run(tiny_model, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("metrics") / "token-prefix.json"
+def _prefix_run(tiny_model, tmp_path_factory, variant: str) -> dict:
+    out = tmp_path_factory.mktemp("metrics") / f"{variant}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
-    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, "token-prefix", str(out)],
+    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, variant, str(out)],
                           capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def prefix_run(tiny_model, tmp_path_factory) -> dict:
+    return _prefix_run(tiny_model, tmp_path_factory, "token-prefix")
+
+
+def test_stock_blocks_with_their_prefix_cache_count_shared_blocks_once(tiny_model, tmp_path_factory):
+    run = _prefix_run(tiny_model, tmp_path_factory, "block-prefix")
+    system, tails = run["system_len"], run["tails"]
+    stats = run["first_prefill"]["stats"]
+    # vLLM caches the first request's full 32-token block as it is allocated; the three others
+    # share it in the same step. Live tokens count it once, and never exceed what is allocated.
+    assert stats["live_tokens"] == sum(system + t for t in tails) - 3 * 32
+    assert stats["live_tokens"] <= stats["slots_used"]
+    assert run["first_prefill"]["prom"]["proxima_kv_token_usage_ratio"] <= 1.0
 
 
 def test_shared_prefix_slots_count_once_and_hits_are_token_exact(prefix_run):

@@ -112,6 +112,7 @@ class ProximaScheduler(Scheduler):
         self._occupancy: tuple[float, ...] = ()
         self._largest_free_run = 0
         self._stock_cached_slots = 0
+        self._stock_shared_slots = 0
         self.last_kv_stats: kv_stats.KVStats | None = None
         mgr = self.kv_cache_manager
         caching = mgr.prefix_caching if isinstance(mgr, SlotKVCacheManager) else mgr.enable_caching
@@ -220,9 +221,14 @@ class ProximaScheduler(Scheduler):
             self._occupancy = kv_stats.downsample_occupancy(occupied, catalog.OCCUPANCY_SEGMENTS)
             self._largest_free_run = kv_stats.largest_free_run(occupied)
             if not isinstance(mgr, SlotKVCacheManager):
-                self._stock_cached_slots = self._count_stock_cached_slots()
+                self._stock_cached_slots, self._stock_shared_slots = self._count_stock_sharing()
                 cached = self._stock_cached_slots
             self._slow_stats_at = now
+        if not isinstance(mgr, SlotKVCacheManager):
+            # vLLM's prefix cache shares whole blocks: each shared block's tokens count once (as of
+            # the last slow refresh, which every idle step makes).
+            live_tokens = max(0, live_tokens - self._stock_shared_slots)
+            reference_slots = max(0, reference_slots - self._stock_shared_slots)
         return kv_stats.KVStats(
             allocator=self.proxima_allocator,
             granularity=self._granularity,
@@ -254,14 +260,19 @@ class ProximaScheduler(Scheduler):
 
         return num_blocks * b, used_blocks * b, in_use, num_requests
 
-    def _count_stock_cached_slots(self) -> int:
-        """Free blocks that still hold a prefix-cache entry (reusable without recompute)."""
+    def _count_stock_sharing(self) -> tuple[int, int]:
+        """Free blocks that still hold a prefix-cache entry (reusable without recompute), and the
+        slots requests share beyond the first holder of each block, both in slots."""
         if not self.kv_cache_manager.enable_caching:
-            return 0
-        pool = self.kv_cache_manager.block_pool
-        return self.block_size * sum(
-            1 for blk in pool.blocks[1:] if blk.ref_cnt == 0 and blk.block_hash is not None
-        )
+            return 0, 0
+        pool, b = self.kv_cache_manager.block_pool, self.block_size
+        cached = shared = 0
+        for blk in pool.blocks[1:]:
+            if blk.ref_cnt > 1:
+                shared += blk.ref_cnt - 1
+            elif blk.ref_cnt == 0 and blk.block_hash is not None:
+                cached += 1
+        return cached * b, shared * b
 
 
 class ProximaAsyncScheduler(ProximaScheduler, AsyncScheduler):
