@@ -5,7 +5,10 @@
    each lookup walks a shared system prompt and then one conversation, as a chat server's would.
    `lookup` is what `get_computed_blocks` runs (match + the path's slots); `admit+release` is a
    whole request's life in the cache (lock the hit, allocate the rest, cache it, release it).
-2. `SlotAllocator.free` of a request's slots, with the always-on duplicate check, against the
+2. A decode step on a full cache: 70 requests behind one 300-token system prompt each take one
+   slot per step, so every step evicts; with eviction one slot at a time (`evict_chunk=1`) against
+   the shipped chunk of `token_cache.EVICT_CHUNK` slots.
+3. `SlotAllocator.free` of a request's slots, with the always-on duplicate check, against the
    same free without it (numpy calls only; the checks it replaces were off unless
    PROXIMA_CHECK_INVARIANTS=1).
 
@@ -21,7 +24,7 @@ import time
 import numpy as np
 
 from proxima.engine.slot_allocator import SlotAllocator
-from proxima.engine.token_cache import TokenSlotCache
+from proxima.engine.token_cache import EVICT_CHUNK, TokenSlotCache
 
 NS = (0, None)
 
@@ -70,6 +73,10 @@ def main() -> None:
     print(f"lookup, 2,000-token prompt:        {percentiles(lookups)}")
     print(f"lookup+admit+cache+release:        {percentiles(lives)}")
 
+    for chunk in (1, EVICT_CHUNK):
+        print(f"decode step, 70 requests, full cache, evict_chunk={chunk:>2}: "
+              f"{percentiles(decode_steps(chunk, args.repeats // 4))}")
+
     alloc = SlotAllocator(1 << 20)
     for n in (1, 200, 2000):
         checked, unchecked = [], []
@@ -86,6 +93,32 @@ def main() -> None:
             unchecked.append(t3 - t2)
         print(f"free({n:>4}) with duplicate check:  {percentiles(checked)}   "
               f"without: {percentiles(unchecked)}")
+
+
+def decode_steps(evict_chunk: int, steps: int) -> list[float]:
+    """Seconds per decode step of 70 running requests on a cache full of cached entries."""
+    rng = random.Random(1)
+    cache = TokenSlotCache(8192, caching=True, evict_chunk=evict_chunk)
+    system = [rng.randrange(3, 400) for _ in range(300)]
+    running: dict[str, list[int]] = {}
+    times, n = [], 0
+    for step in range(200 + steps):
+        t0 = time.perf_counter()
+        for rid, tokens in list(running.items()):
+            tokens.append(rng.randrange(3, 400))
+            if cache.allocate(rid, len(tokens)) is None or len(tokens) > 450:
+                cache.release(rid, tokens, len(tokens) - 1)
+                del running[rid]
+        if step >= 200:
+            times.append(time.perf_counter() - t0)
+        while len(running) < 70:  # new requests behind the shared system prompt
+            tokens = system + [rng.randrange(3, 400) for _ in range(rng.randint(20, 100))]
+            hit = cache.lookup(NS, np.array(tokens[:-1]))
+            if cache.allocate(f"r{n}", len(tokens), hit, namespace=NS) is not None:
+                cache.cache(f"r{n}", tokens, len(tokens))
+                running[f"r{n}"] = tokens
+            n += 1
+    return times
 
 
 def _free_unchecked(alloc: SlotAllocator, slots: np.ndarray) -> None:

@@ -130,7 +130,8 @@ class TokenSlotCache:
             locked = True
         num_held = self.table.num_slots(request_id) + (hit.num_tokens if locked else 0)
         num_new = max(0, num_tokens - num_held)
-        if not self.can_fit(num_new, reserve) or not self.can_fit(must_fit - num_held, reserve):
+        if not self.can_fit(num_new, reserve) or (must_fit and not self.can_fit(must_fit - num_held,
+                                                                                 reserve)):
             if locked:
                 self.tree.unlock(hit.node)
             return None
