@@ -11,3 +11,7 @@ Layers: `promql` writes expressions from catalog specs (no metric name is spelle
 `kv_memory`/`serving`/`ab` compose dashboards, `alerts` defines the rules and
 `alert_tests` their promtool scenarios; `generate` writes everything deterministically.
 """
+
+# Where the runbook links in dashboards and alerts point (relative to the repository, unless
+# `generate --runbook-base` says otherwise); defined here, the one place both read.
+DEFAULT_RUNBOOK_BASE = "runbooks/"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from dashboards import DEFAULT_RUNBOOK_BASE
 from dashboards import promql as q
 from proxima.metrics import catalog as c
 
@@ -25,7 +26,6 @@ JOIN_ON = ("instance", "engine")
 KEEP = ("job", "instance", "engine")
 RUNBOOK_PAGES = ("kv-exhaustion", "oom-under-load", "memory-leak", "allocator-latency",
                  "no-throughput-gain", "prefix-cache-thrash")
-DEFAULT_RUNBOOK_BASE = "runbooks/"  # kept equal to generate.DEFAULT_RUNBOOK_BASE (tested)
 
 STEP_OP = "step"
 if STEP_OP not in c.ALLOCATOR_OPS:

@@ -21,8 +21,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python dashboards/generate.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dashboards import DEFAULT_RUNBOOK_BASE  # noqa: E402 (after the path set-up above)
+
 DEFAULT_OUT = Path(__file__).resolve().parent
-DEFAULT_RUNBOOK_BASE = "runbooks/"
 # What the generator needs beyond Proxima's own dependencies (pyproject's `test` extra).
 REQUIREMENTS = {"grafana_foundation_sdk": "grafana-foundation-sdk==1769699379!11.6.0",
                 "yaml": "pyyaml>=6"}

@@ -47,6 +47,12 @@ def headroom(board: p.Board) -> None:
                      [p.Target(q.sel(c.ALLOCATOR_INFO, INSTANCE),
                                "{{allocator}}, {{block_size}}-token granularity")], "none",
                      name_only=True),
+        # vLLM's own info gauge, so it reads the same for stock vLLM: fp8 halves the bytes of a
+        # token, and with them what "KV cache size" holds.
+        p.stat_panel("KV cache dtype", "vLLM's --kv-cache-dtype as the server runs it (auto: the "
+                     "model's dtype; fp8: e4m3, one byte per value, twice the tokens per byte).",
+                     [p.Target(q.sel(c.Vllm.CACHE_CONFIG_INFO, INSTANCE), "{{cache_dtype}}")], "none",
+                     name_only=True),
     )
 
 

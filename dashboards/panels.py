@@ -118,7 +118,8 @@ def occupancy_panel(title: str, description: str, targets: Sequence[Target], *, 
 
 
 def text_panel(title: str, content: str, *, width: int = 24, height: int = 4):
-    return text.Panel().title(title).content(content).mode(text_m.TextMode.MARKDOWN).span(width).height(height)
+    return (text.Panel().title(title).content(content).mode(text_m.TextMode.MARKDOWN)
+            .span(width).height(height))
 
 
 def datasource_variable() -> dash_b.DatasourceVariable:

@@ -14,10 +14,18 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from proxima.probes.base import ProbeContext, ProbeResult, Status, pct
-from proxima.probes.sampling import Sampler
-
 from proxima.metrics.catalog import REFERENCE_BLOCK_SIZE
+from proxima.probes.base import (
+    Evidence,
+    ProbeContext,
+    ProbeResult,
+    Status,
+    Unmeasured,
+    Verdict,
+    advice_for,
+    pct,
+    run_steps,
+)
 from proxima.scrape import ServerSnapshot, scrape
 
 CHECK = "adoption"
@@ -58,16 +66,28 @@ def _history(ctx: ProbeContext, current: ServerSnapshot) -> tuple[ServerSnapshot
     return None
 
 
-async def run(ctx: ProbeContext) -> ProbeResult:
+@dataclass(frozen=True, slots=True)
+class Readings:
+    allocator: str | None  # None: stock vLLM
+    block_size: int  # the blocks compared with
+    fragmentation: float  # of blocks of `block_size` on this traffic, measured or estimated
+    ratio: float | None  # block slots / token slots: the capacity token slots add (None: unbounded)
+    basis: str
+    hit_rate: float | None  # prefix cache, prompt tokens served from it
+    beyond_blocks_share: float | None  # of those hits, the share whole blocks would miss (token slots)
+    evidence: Evidence
+
+
+async def gather(ctx: ProbeContext) -> Readings:
     snapshot = await scrape(ctx.client, ctx.url)
     if not snapshot.ok:
-        return ProbeResult(CHECK, Status.ERROR, f"cannot read metrics: {snapshot.error}", runbook=RUNBOOK)
+        raise Unmeasured(Status.ERROR, f"cannot read metrics: {snapshot.error}")
     kv = snapshot.proxima
-    evidence: dict = {"allocator": kv.allocator if kv else "stock vLLM blocks"}
+    evidence: Evidence = {"allocator": kv.allocator if kv else "stock vLLM blocks"}
 
     measured: float | None = None  # fragmentation measured on live requests
     if kv is not None:
-        sampler = Sampler(ctx)
+        sampler = ctx.sampler()
         async with sampler.running():
             await asyncio.sleep(min(MEASURE_S, ctx.window_s))
         live = [s.snapshot.proxima for s in sampler.ok_samples
@@ -100,8 +120,8 @@ async def run(ctx: ProbeContext) -> ProbeResult:
             "estimated_fragmentation": round(estimate.fragmentation, 4),
         })
     if measured is None and estimate is None:
-        return ProbeResult(CHECK, Status.SKIP, "no finished requests and no live ones: nothing to measure yet; "
-                           "run the doctor under real traffic", evidence, RUNBOOK)
+        raise Unmeasured(Status.SKIP, "no finished requests and no live ones: nothing to measure yet; "
+                                      "run the doctor under real traffic", evidence)
     fragmentation = measured if measured is not None else estimate.fragmentation  # type: ignore[union-attr]
     ratio = 1 / (1 - fragmentation) if fragmentation < 1 else None
     evidence["basis"] = "measured on live requests" if measured is not None else "estimated from histograms"
@@ -111,32 +131,49 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     hit_rate = (base.prefix_cache_hits_total / base.prefix_cache_queries_total
                 if base.prefix_cache_queries_total else None)
     evidence["prefix_cache_hit_rate"] = round(hit_rate, 4) if hit_rate is not None else "N/A (no queries)"
-
-    ratio_text = f"x{ratio:.2f}" if ratio else "unbounded"
-    hits = f"prefix cache serves {pct(hit_rate)} of prompt tokens" if hit_rate is not None else None
+    share = None
     if kv is not None and kv.allocator == "token":
         share = kv.beyond_blocks_share
         evidence["prefix_hit_tokens_beyond_blocks_share"] = round(share, 4) if share is not None else "N/A"
+    return Readings(kv.allocator if kv else None, block_size, fragmentation, ratio, str(evidence["basis"]),
+                    hit_rate, share, evidence)
+
+
+def _worth_it(r: Readings) -> bool:
+    return r.ratio is None or r.ratio >= 1.05
+
+
+def judge(r: Readings) -> Verdict:
+    ratio_text = f"x{r.ratio:.2f}" if r.ratio else "unbounded"
+    hits = f"prefix cache serves {pct(r.hit_rate)} of prompt tokens" if r.hit_rate is not None else None
+    if r.allocator == "token":
         extra = ""
         if hits:
             extra = f"; {hits}"
-            if share is not None:
-                extra += (f", {pct(share)} of them beyond what {REFERENCE_BLOCK_SIZE}-token blocks "
-                          "would share")
-        return ProbeResult(
-            CHECK, Status.OK,
-            f"Proxima token slots in use: blocks of {block_size} would waste {pct(fragmentation)} of KV on this "
-            f"traffic; token slots hold {ratio_text} the requests{extra}", evidence, RUNBOOK)
-    worth_it = ratio is None or ratio >= 1.05
-    verdict = (f"Proxima's token slots would hold {ratio_text} the requests in the same memory" if worth_it
-               else f"little to gain (token slots would hold {ratio_text} the requests)")
-    if hit_rate:
+            if r.beyond_blocks_share is not None:
+                extra += (f", {pct(r.beyond_blocks_share)} of them beyond what {REFERENCE_BLOCK_SIZE}-token "
+                          "blocks would share")
+        return Verdict(Status.OK, f"Proxima token slots in use: blocks of {r.block_size} would waste "
+                                  f"{pct(r.fragmentation)} of KV on this traffic; token slots hold "
+                                  f"{ratio_text} the requests{extra}")
+    if _worth_it(r):
+        verdict = f"Proxima's token slots would hold {ratio_text} the requests in the same memory"
+    else:
+        verdict = f"little to gain (token slots would hold {ratio_text} the requests)"
+    if r.hit_rate:
         # Token slots keep the prefix cache and share the partial block at the end of each hit too:
         # on average (B-1)/2 more tokens per hit than whole blocks of B.
-        verdict += (f"; {hits} and token slots keep it, sharing ~{(block_size - 1) / 2:.1f} more tokens "
+        verdict += (f"; {hits} and token slots keep it, sharing ~{(r.block_size - 1) / 2:.1f} more tokens "
                     "per hit (the partial last block)")
-    return ProbeResult(
-        CHECK, Status.OK,
-        f"blocks of {block_size} waste {pct(fragmentation)} of KV on this traffic ({evidence['basis']}); {verdict}",
-        evidence, RUNBOOK,
-        ("try it: `proxima serve MODEL ...` with the same flags, then `proxima bench`",) if worth_it else ())
+    return Verdict(Status.OK, f"blocks of {r.block_size} waste {pct(r.fragmentation)} of KV on this traffic "
+                              f"({r.basis}); {verdict}", ("worth_trying",) if _worth_it(r) else ())
+
+
+def advise(r: Readings, verdict: Verdict) -> tuple[str, ...]:
+    return advice_for(verdict.findings, {
+        "worth_trying": ("try it: `proxima serve MODEL ...` with the same flags, then `proxima bench`",),
+    })
+
+
+async def run(ctx: ProbeContext) -> ProbeResult:
+    return await run_steps(CHECK, RUNBOOK, ctx, gather, judge, advise)

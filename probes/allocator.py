@@ -11,10 +11,20 @@ threshold allows for that.)
 
 from __future__ import annotations
 
-from proxima.probes.base import ProbeContext, ProbeResult, Status
-from proxima.probes.load import make_prompt
+from dataclasses import dataclass
 
-from proxima.scrape import scrape
+from proxima.load import make_prompt
+from proxima.probes.base import (
+    Evidence,
+    ProbeContext,
+    ProbeResult,
+    Status,
+    Unmeasured,
+    Verdict,
+    run_steps,
+    table_advice,
+)
+from proxima.scrape import KVSnapshot, scrape
 
 CHECK = "allocator"
 RUNBOOK = "runbooks/allocator-latency.md"
@@ -23,31 +33,43 @@ MAX_STEP_SHARE = 0.10
 # Absolute ceiling for the step p99 even when tokens are slow (a stall users feel).
 MAX_STEP_P99_S = 0.005
 BURST_REQUESTS = 16
+ADVICE = {
+    "accounting": ("restart the server with PROXIMA_CHECK_INVARIANTS=1 to find the first bad free",
+                   "roll back to stock allocation meanwhile (runbooks/rollback-to-stock.md)"),
+    "slow": ("compare with --proxima-allocator block on the same traffic (proxima bench)",
+             "on very short requests the per-token bookkeeping is overhead: see the runbook's fixes"),
+}
 
 
-async def run(ctx: ProbeContext) -> ProbeResult:
-    snapshot = await scrape(ctx.client, ctx.url)
-    if not snapshot.ok:
-        return ProbeResult(CHECK, Status.ERROR, f"cannot read metrics: {snapshot.error}", runbook=RUNBOOK)
-    if snapshot.proxima is None:
-        return ProbeResult(CHECK, Status.SKIP,
-                           "Proxima not loaded (no proxima_allocator_info): allocator metrics exist "
-                           "only under `proxima serve`", runbook=RUNBOOK)
+@dataclass(frozen=True, slots=True)
+class Readings:
+    kv: KVSnapshot  # after the burst
+    step_p99_s: float | None
+    step_share: float | None  # of the mean inter-token latency
+    evidence: Evidence
+
+
+async def gather(ctx: ProbeContext) -> Readings:
+    before = await scrape(ctx.client, ctx.url)
+    if not before.ok:
+        raise Unmeasured(Status.ERROR, f"cannot read metrics: {before.error}")
+    if before.proxima is None:
+        raise Unmeasured(Status.SKIP, "Proxima not loaded (no proxima_allocator_info): allocator metrics "
+                                      "exist only under `proxima serve`")
     # Time the allocator now, on a short burst, rather than over the server's life: start-up
     # steps (warm-up, compilation) and old incidents would otherwise dominate the p99.
-    before = snapshot
-    await ctx.load.burst([make_prompt(900 + i, 24) for i in range(BURST_REQUESTS)], max_tokens=16, timeout=60.0)
-    snapshot = await scrape(ctx.client, ctx.url)
-    kv = snapshot.proxima
-    if not snapshot.ok or kv is None or not kv.slots_total:
-        return ProbeResult(CHECK, Status.ERROR, "Proxima metrics carry no slot counts after traffic",
-                           runbook=RUNBOOK)
-    old = before.proxima.allocator_latency if before.proxima is not None else {}
+    prompts = [make_prompt(900 + i, 24) for i in range(BURST_REQUESTS)]
+    await ctx.load.burst(prompts, max_tokens=16, timeout=60.0)
+    after = await scrape(ctx.client, ctx.url)
+    kv = after.proxima
+    if not after.ok or kv is None or not kv.slots_total:
+        raise Unmeasured(Status.ERROR, "Proxima metrics carry no slot counts after traffic")
+    old = before.proxima.allocator_latency
     step, alloc, free = (kv.allocator_latency[op].since(old.get(op)) if op in kv.allocator_latency else None
                          for op in ("step", "allocate", "free"))
     step_mean = step.mean if step else None
     step_p99 = step.quantile(0.99) if step else None
-    itl_mean = snapshot.itl.since(before.itl).mean
+    itl_mean = after.itl.since(before.itl).mean
     share = step_mean / itl_mean if step_mean is not None and itl_mean else None
     evidence = {
         "allocator": kv.allocator,
@@ -64,30 +86,26 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         "itl_mean_s": itl_mean,
         "step_share_of_itl": share,
     }
-    accounted = kv.slots_used + kv.slots_free
-    if abs(accounted - kv.slots_total) > 0.5:
-        return ProbeResult(
-            CHECK, Status.FAIL,
-            f"slot accounting broken: used {kv.slots_used:.0f} + free {kv.slots_free:.0f} "
-            f"!= total {kv.slots_total:.0f}",
-            evidence, "runbooks/memory-leak.md",
-            ("restart the server with PROXIMA_CHECK_INVARIANTS=1 to find the first bad free",
-             "roll back to stock allocation meanwhile (runbooks/rollback-to-stock.md)"),
-        )
-    slow = (share is not None and share > MAX_STEP_SHARE) or (step_p99 is not None and step_p99 > MAX_STEP_P99_S)
-    if slow:
+    return Readings(kv, step_p99, share, evidence)
+
+
+def judge(r: Readings) -> Verdict:
+    kv, share, step_p99 = r.kv, r.step_share, r.step_p99_s
+    if abs(kv.slots_used + kv.slots_free - kv.slots_total) > 0.5:
+        return Verdict(Status.FAIL, f"slot accounting broken: used {kv.slots_used:.0f} + free "
+                                    f"{kv.slots_free:.0f} != total {kv.slots_total:.0f}",
+                       ("accounting",), runbook="runbooks/memory-leak.md")
+    if (share is not None and share > MAX_STEP_SHARE) or (step_p99 is not None and step_p99 > MAX_STEP_P99_S):
         share_text = f"{100 * share:.1f}% of the inter-token latency" if share is not None else "no ITL yet"
-        return ProbeResult(
-            CHECK, Status.WARN,
-            f"scheduler step (allocator included) p99 {1e3 * (step_p99 or 0):.2f} ms, mean {share_text}",
-            evidence, RUNBOOK,
-            ("compare with --proxima-allocator block on the same traffic (proxima bench)",
-             "on very short requests the per-token bookkeeping is overhead: see the runbook's fixes"),
-        )
+        return Verdict(Status.WARN, f"scheduler step (allocator included) p99 {1e3 * (step_p99 or 0):.2f} "
+                                    f"ms, mean {share_text}", ("slow",))
     share_text = f"{100 * share:.2f}% of a decode step" if share is not None else "no decode steps timed yet"
-    return ProbeResult(
-        CHECK, Status.OK,
-        f"{kv.allocator} allocator: accounting consistent; scheduler step p99 "
-        f"{1e6 * (step_p99 or 0):.0f} us ({share_text})",
-        evidence, RUNBOOK,
-    )
+    return Verdict(Status.OK, f"{kv.allocator} allocator: accounting consistent; scheduler step p99 "
+                              f"{1e6 * (step_p99 or 0):.0f} us ({share_text})")
+
+
+advise = table_advice(ADVICE)
+
+
+async def run(ctx: ProbeContext) -> ProbeResult:
+    return await run_steps(CHECK, RUNBOOK, ctx, gather, judge, advise)

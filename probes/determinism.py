@@ -12,9 +12,19 @@ divergence against the compare server means the two engines compute different th
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
-from proxima.probes.base import ProbeContext, ProbeResult, Status
-from proxima.probes.load import Completion, make_prompt
+from proxima.load import Completion, make_prompt
+from proxima.probes.base import (
+    Evidence,
+    ProbeContext,
+    ProbeResult,
+    Status,
+    Unmeasured,
+    Verdict,
+    run_steps,
+    table_advice,
+)
 from proxima.probes.runner import discover
 
 CHECK = "determinism"
@@ -58,56 +68,73 @@ async def _alone(ctx: ProbeContext, prompts: list[str], url: str | None = None,
     return [await ctx.load.complete(p, MAX_TOKENS, seed=SEED, url=url, model=model) for p in prompts]
 
 
-async def run(ctx: ProbeContext) -> ProbeResult:
+ADVICE = {
+    "diverges": ("compare the two servers' flags: --dtype, --quantization, --kv-cache-dtype, model revision",
+                 "rerun with --enforce-eager on both (CUDA graphs change kernels per batch size)",
+                 ("if only Proxima diverges from stock on the same model, roll back "
+                  "(runbooks/rollback-to-stock.md) and report the prompt and the first divergent token")),
+    "batch_dependent": (("expected of stock vLLM kernels on GPU; set VLLM_BATCH_INVARIANT=1 on the server if "
+                         "answers must not depend on load (costs throughput)"),),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Readings:
+    diverged: dict[str, dict[int, str]]  # run name -> prompt index -> where it leaves the reference
+    compared: bool  # a --compare server was run too
+    evidence: Evidence
+
+
+async def gather(ctx: ProbeContext) -> Readings:
     prompts = [make_prompt(7 + 13 * i, 12 + 6 * i) for i in range(NUM_PROMPTS)]
     reference = await _alone(ctx, prompts)
     failed = [r.error for r in reference if not r.ok]
     if failed:
-        return ProbeResult(CHECK, Status.ERROR, f"reference requests failed: {failed[0]}", runbook=RUNBOOK)
+        raise Unmeasured(Status.ERROR, f"reference requests failed: {failed[0]}")
     repeat = await _alone(ctx, prompts)
-    async with ctx.load.steady(BACKGROUND_CONCURRENCY, max_tokens=MAX_TOKENS, prompt_words=20, first_index=5000):
+    async with ctx.load.steady(BACKGROUND_CONCURRENCY, max_tokens=MAX_TOKENS, prompt_words=20,
+                               first_index=5000):
         await asyncio.sleep(0.3)  # let the background requests occupy the batch first
         loaded = list(await asyncio.gather(*(ctx.load.complete(p, MAX_TOKENS, seed=SEED) for p in prompts)))
 
     by_ids = all(r.token_ids is not None for r in reference)
-    evidence: dict = {
+    evidence: Evidence = {
         "prompts": NUM_PROMPTS,
         "max_tokens": MAX_TOKENS,
         "seed": SEED,
         "compared_as": "token ids" if by_ids else "text (server returned no token ids)",
     }
-    diverged: dict[str, dict[int, str]] = {
-        "repeat": compare_runs(reference, repeat),
-        "under_load": compare_runs(reference, loaded),
-    }
+    diverged = {"repeat": compare_runs(reference, repeat), "under_load": compare_runs(reference, loaded)}
     if ctx.compare_url:
         compare_model, _, error = await discover(ctx.client, ctx.compare_url)
         if error is not None:
-            return ProbeResult(CHECK, Status.ERROR, f"cannot reach --compare {ctx.compare_url}: {error}",
-                               evidence, RUNBOOK)
+            raise Unmeasured(Status.ERROR, f"cannot reach --compare {ctx.compare_url}: {error}", evidence)
         evidence["compare_url"] = ctx.compare_url
         evidence["compare_model"] = compare_model
-        diverged["vs_compare"] = compare_runs(reference, await _alone(ctx, prompts, ctx.compare_url, compare_model))
+        compared = await _alone(ctx, prompts, ctx.compare_url, compare_model)
+        diverged["vs_compare"] = compare_runs(reference, compared)
     for name, found in diverged.items():
         evidence[f"{name}_divergent"] = f"{len(found)}/{NUM_PROMPTS}"
         for i, where in sorted(found.items()):
             evidence[f"{name}.prompt{i}"] = f"diverges at {where}"
+    return Readings(diverged, bool(ctx.compare_url), evidence)
 
+
+def judge(r: Readings) -> Verdict:
     parts = [f"{len(found)}/{NUM_PROMPTS} prompts diverge {name.replace('_', ' ')} at "
              + ", ".join(w.split(" (")[0] for _, w in sorted(found.items()))
-             for name, found in diverged.items() if found]
-    if diverged["repeat"] or diverged.get("vs_compare"):
-        advice = ["compare the two servers' flags: --dtype, --quantization, --kv-cache-dtype, model revision",
-                  "rerun with --enforce-eager on both (CUDA graphs change kernels per batch size)",
-                  ("if only Proxima diverges from stock on the same model, roll back (runbooks/rollback-to-stock.md) "
-                   "and report the prompt and the first divergent token")]
-        return ProbeResult(CHECK, Status.FAIL, "; ".join(parts), evidence, RUNBOOK, tuple(advice))
-    if diverged["under_load"]:
-        return ProbeResult(
-            CHECK, Status.WARN, "; ".join(parts) + " (batch-composition dependence)", evidence, RUNBOOK,
-            (("expected of stock vLLM kernels on GPU; set VLLM_BATCH_INVARIANT=1 on the server if answers "
-              "must not depend on load (costs throughput)"),),
-        )
-    scope = "alone, repeated and under load" + (" and against --compare" if ctx.compare_url else "")
-    return ProbeResult(CHECK, Status.OK,
-                       f"{NUM_PROMPTS} prompts x {MAX_TOKENS} tokens identical {scope}", evidence, RUNBOOK)
+             for name, found in r.diverged.items() if found]
+    if r.diverged["repeat"] or r.diverged.get("vs_compare"):
+        return Verdict(Status.FAIL, "; ".join(parts), ("diverges",))
+    if r.diverged["under_load"]:
+        return Verdict(Status.WARN, "; ".join(parts) + " (batch-composition dependence)",
+                       ("batch_dependent",))
+    scope = "alone, repeated and under load" + (" and against --compare" if r.compared else "")
+    return Verdict(Status.OK, f"{NUM_PROMPTS} prompts x {MAX_TOKENS} tokens identical {scope}")
+
+
+advise = table_advice(ADVICE)
+
+
+async def run(ctx: ProbeContext) -> ProbeResult:
+    return await run_steps(CHECK, RUNBOOK, ctx, gather, judge, advise)

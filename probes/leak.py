@@ -11,10 +11,21 @@ long enough to rise above warm-up and allocator noise.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
-from proxima.probes.base import ProbeContext, ProbeResult, Status, fmt_bytes
-from proxima.probes.sampling import Sample, Sampler, Trend, linear_trend, wait_idle
-
+from proxima.probes.base import (
+    Evidence,
+    ProbeContext,
+    ProbeResult,
+    Status,
+    Unmeasured,
+    Verdict,
+    fmt_bytes,
+    run_steps,
+    table_advice,
+)
+from proxima.probes.trend import Trend, linear_trend
+from proxima.sampling import Sample, wait_idle
 from proxima.scrape import ServerSnapshot, scrape
 
 CHECK = "leak"
@@ -48,23 +59,47 @@ def _trend_evidence(prefix: str, trend: Trend | None, evidence: dict) -> None:
         f"[{trend.ci95_low * per_min:.3f}, {trend.ci95_high * per_min:.3f}] over {trend.n} samples")
 
 
-async def run(ctx: ProbeContext) -> ProbeResult:
+ADVICE = {
+    "leak": (("check that PROXIMA_FAULT_LEAK_SLOTS and PROXIMA_ENABLE_TEST_FAULTS are not set in the "
+              "server's environment (a test-only fault that leaks on purpose)"),
+             ("restart the server to reclaim the slots; until the fix, roll back to stock allocation "
+              "(runbooks/rollback-to-stock.md)"),
+             ("reproduce with PROXIMA_CHECK_INVARIANTS=1 and attach the server log and this output to "
+              "the bug")),
+    "rising": ("run `proxima doctor --checks leak --window 600` in a quiet hour to confirm",
+               "compare with --proxima-allocator block: if it rises there too, the leak is not in the slots"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Readings:
+    window_s: float
+    unit: str  # "slots" (Proxima) or "KV usage" (stock)
+    requests_completed: int
+    idle_samples: int  # samples with nothing running or waiting
+    leaked: float | None  # the least KV held in an idle sample (None: never idle)
+    rss: Trend | None
+    gpu_memory: Trend | None
+    evidence: Evidence
+
+
+async def gather(ctx: ProbeContext) -> Readings:
     half = max(1.0, ctx.window_s / 2)
     first = await scrape(ctx.client, ctx.url)
     if not first.ok:
-        return ProbeResult(CHECK, Status.ERROR, f"cannot read metrics: {first.error}", runbook=RUNBOOK)
-    unit = "slots" if first.proxima is not None else "KV usage"
-    load_sampler = Sampler(ctx)
-    async with load_sampler.running(), ctx.load.steady(LOAD_CONCURRENCY, max_tokens=16, prompt_words=24) as stats:
+        raise Unmeasured(Status.ERROR, f"cannot read metrics: {first.error}")
+    load_sampler = ctx.sampler()
+    load = ctx.load.steady(LOAD_CONCURRENCY, max_tokens=16, prompt_words=24)
+    async with load_sampler.running(), load as stats:
         await asyncio.sleep(half)
-    drained = await wait_idle(ctx, DRAIN_TIMEOUT_S)
-    idle_sampler = Sampler(ctx, t0=load_sampler.t0)
+    drained = await wait_idle(ctx.client, ctx.url, DRAIN_TIMEOUT_S)
+    idle_sampler = ctx.sampler(t0=load_sampler.t0)
     async with idle_sampler.running():
         await asyncio.sleep(half)
 
     load_samples, idle_samples = load_sampler.ok_samples, idle_sampler.ok_samples
     quiet = [s for s in idle_samples if s.idle]
-    evidence: dict = {
+    evidence: Evidence = {
         "window_s": ctx.window_s,
         "load_concurrency": LOAD_CONCURRENCY,
         "requests_completed": stats.num_ok,
@@ -101,38 +136,35 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         _trend_evidence("gpu_memory", gpu, evidence)
     else:
         evidence["gpu_memory_trend"] = "N/A: no GPU visible through NVML"
-    judged = ctx.window_s >= TREND_MIN_WINDOW_S
-    if not judged:
-        evidence["trend_verdict"] = f"not judged: window {ctx.window_s:.0f} s < {TREND_MIN_WINDOW_S:.0f} s"
-    rising = [name for name, t in (("server memory", rss), ("GPU memory", gpu))
-              if judged and t is not None and t.significant_rise and t.slope > TREND_MIN_SLOPE_BYTES_PER_S]
+    unit = "slots" if first.proxima is not None else "KV usage"
+    return Readings(ctx.window_s, unit, stats.num_ok, len(quiet), leaked, rss, gpu, evidence)
 
-    if leaked:
-        amount = f"{leaked:.0f} slots" if unit == "slots" else f"KV usage {100 * leaked:.1f}%"
-        per = evidence.get("leaked_slots_per_request")
-        return ProbeResult(
-            CHECK, Status.FAIL,
-            f"{amount} held with no request running or waiting"
-            + (f" (~{per} leaked per finished request)" if per else ""),
-            evidence, RUNBOOK,
-            (("check that PROXIMA_FAULT_LEAK_SLOTS and PROXIMA_ENABLE_TEST_FAULTS are not set in the "
-              "server's environment (a test-only fault that leaks on purpose)"),
-             ("restart the server to reclaim the slots; until the fix, roll back to stock allocation "
-              "(runbooks/rollback-to-stock.md)"),
-             "reproduce with PROXIMA_CHECK_INVARIANTS=1 and attach the server log and this output to the bug"),
-        )
+
+def judge(r: Readings) -> Verdict:
+    judged = r.window_s >= TREND_MIN_WINDOW_S
+    extra: Evidence = {}
+    if not judged:
+        extra["trend_verdict"] = f"not judged: window {r.window_s:.0f} s < {TREND_MIN_WINDOW_S:.0f} s"
+    rising = [name for name, t in (("server memory", r.rss), ("GPU memory", r.gpu_memory))
+              if judged and t is not None and t.significant_rise and t.slope > TREND_MIN_SLOPE_BYTES_PER_S]
+    if r.leaked:
+        amount = f"{r.leaked:.0f} slots" if r.unit == "slots" else f"KV usage {100 * r.leaked:.1f}%"
+        per = r.evidence.get("leaked_slots_per_request")
+        return Verdict(Status.FAIL, f"{amount} held with no request running or waiting"
+                       + (f" (~{per} leaked per finished request)" if per else ""), ("leak",), evidence=extra)
     if rising:
-        return ProbeResult(
-            CHECK, Status.WARN, f"{' and '.join(rising)} rising steadily over {ctx.window_s:.0f} s",
-            evidence, RUNBOOK,
-            ("run `proxima doctor --checks leak --window 600` in a quiet hour to confirm",
-             "compare with --proxima-allocator block: if it rises there too, the leak is not in the slots"),
-        )
-    if not quiet:
-        return ProbeResult(CHECK, Status.SKIP,
-                           "the server never went idle during the window (other traffic?): no idle reading",
-                           evidence, RUNBOOK)
-    return ProbeResult(CHECK, Status.OK,
-                       f"no {unit} held while idle after {stats.num_ok} requests; memory trend "
-                       + ("flat" if judged else "reported, not judged (short window)"),
-                       evidence, RUNBOOK)
+        return Verdict(Status.WARN, f"{' and '.join(rising)} rising steadily over {r.window_s:.0f} s",
+                       ("rising",), evidence=extra)
+    if not r.idle_samples:
+        return Verdict(Status.SKIP, "the server never went idle during the window (other traffic?): no idle "
+                                    "reading", evidence=extra)
+    return Verdict(Status.OK, f"no {r.unit} held while idle after {r.requests_completed} requests; memory "
+                              "trend " + ("flat" if judged else "reported, not judged (short window)"),
+                   evidence=extra)
+
+
+advise = table_advice(ADVICE)
+
+
+async def run(ctx: ProbeContext) -> ProbeResult:
+    return await run_steps(CHECK, RUNBOOK, ctx, gather, judge, advise)

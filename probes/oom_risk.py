@@ -19,11 +19,20 @@ import math
 import time
 from dataclasses import dataclass
 
-from proxima.probes.base import ProbeContext, ProbeResult, Status, fmt_bytes, pct
-from proxima.probes.sampling import Sampler
-
 from proxima.gpu import read_gpus
-from proxima.scrape import ServerSnapshot, scrape
+from proxima.metrics import catalog
+from proxima.probes.base import (
+    Evidence,
+    ProbeContext,
+    ProbeResult,
+    Status,
+    Unmeasured,
+    Verdict,
+    fmt_bytes,
+    pct,
+    run_steps,
+)
+from proxima.scrape import ServerSnapshot, kv_capacity_tokens, scrape
 
 CHECK = "oom_risk"
 RUNBOOK = "runbooks/oom-under-load.md"
@@ -32,8 +41,8 @@ RAMP_MAX_TOKENS = 32
 RAMP_PROMPT_WORDS = 32
 # Less free GPU memory than this, outside the KV cache, and an activation spike can OOM.
 MIN_GPU_HEADROOM = 0.05
-# Usage at which the KV cache counts as full (vLLM admits and then preempts near 100%).
-KV_FULL = 0.9
+# Usage at which the KV cache counts as full: the exhaustion alert's and `proxima top`'s threshold.
+KV_FULL = catalog.KV_DANGER_USAGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,17 +87,6 @@ class RampStep:
         return " ".join(parts)
 
 
-def kv_capacity_tokens(snapshot: ServerSnapshot) -> int | None:
-    if snapshot.proxima is not None and snapshot.proxima.slots_total:
-        return int(snapshot.proxima.slots_total)
-    tokens = snapshot.config_int("kv_cache_size_tokens")
-    if tokens:
-        return tokens
-    if snapshot.num_gpu_blocks and snapshot.block_size:
-        return snapshot.num_gpu_blocks * snapshot.block_size
-    return None
-
-
 def kv_bytes_per_token(snapshot: ServerSnapshot) -> float | None:
     if snapshot.proxima is not None and snapshot.proxima.bytes_per_token:
         return snapshot.proxima.bytes_per_token
@@ -120,7 +118,7 @@ async def ramp(ctx: ProbeContext, prompt_words: int, max_tokens: int, budget_s: 
         if remaining < hold_s:
             break
         before = await scrape(ctx.client, ctx.url)
-        sampler = Sampler(ctx, interval_s=0.2)
+        sampler = ctx.sampler(interval_s=0.2)
         async with ctx.load.steady(level, max_tokens, prompt_words, first_index=100_000 * (n + 1)) as stats:
             # Sample only inside the level: a scrape under load can take longer than the level.
             await asyncio.sleep(hold_s / 3)
@@ -144,26 +142,47 @@ async def ramp(ctx: ProbeContext, prompt_words: int, max_tokens: int, budget_s: 
     return steps
 
 
-async def run(ctx: ProbeContext) -> ProbeResult:
+@dataclass(frozen=True, slots=True)
+class Readings:
+    snapshot: ServerSnapshot  # after the ramp: the Proxima gauges exist once a step has run
+    capacity: int | None  # KV tokens
+    per_token: float | None  # KV bytes per token
+    typical: float | None  # tokens of a typical request
+    fits: float | None  # typical requests the KV cache holds
+    max_num_seqs: int | None  # stated, or vLLM's default here
+    max_num_seqs_assumed: bool
+    steps: list[RampStep]
+    pressured: RampStep | None  # the first ramp level under pressure
+    preemptions_before: float | None
+    headroom: float | None  # GPU memory free outside the KV cache (None: no GPU here)
+    max_model_len: int | None
+    evidence: Evidence
+
+
+def _ramp_shape(ctx: ProbeContext, observed: tuple[float, float] | None) -> tuple[int, int]:
+    """(prompt words, max tokens) of the ramp's requests: the typical request, within bounds."""
+    opts = ctx.options
+    if opts.typical_tokens:
+        gen = min(RAMP_MAX_TOKENS, max(4, opts.typical_tokens // 2))
+        return max(8, min(1024, opts.typical_tokens - gen)), gen
+    if observed:
+        # Floors keep the ramp meaningful when the history is a handful of "hello" requests.
+        return int(max(16, min(1024, observed[0]))), int(max(16, min(RAMP_MAX_TOKENS, observed[1])))
+    return RAMP_PROMPT_WORDS, RAMP_MAX_TOKENS
+
+
+async def gather(ctx: ProbeContext) -> Readings:
     snapshot = await scrape(ctx.client, ctx.url)
     if not snapshot.ok:
-        return ProbeResult(CHECK, Status.ERROR, f"cannot read metrics: {snapshot.error}", runbook=RUNBOOK)
+        raise Unmeasured(Status.ERROR, f"cannot read metrics: {snapshot.error}")
     history = ctx.baseline or snapshot  # before the doctor's own traffic, where there is one
 
     observed = observed_request(history)
     opts = ctx.options
-    gpus = read_gpus()
-    assumed = None if opts.max_num_seqs else assumed_max_num_seqs(ctx.server_pid is not None, gpus)
+    gpus = read_gpus() if ctx.server_here else ()  # this host's GPUs say nothing of a remote server
+    assumed = None if opts.max_num_seqs else assumed_max_num_seqs(ctx.server_here, gpus)
     max_num_seqs = opts.max_num_seqs or assumed
-    if opts.typical_tokens:
-        gen = min(RAMP_MAX_TOKENS, max(4, opts.typical_tokens // 2))
-        prompt_words = max(8, min(1024, opts.typical_tokens - gen))
-    elif observed:
-        # Floors keep the ramp meaningful when the history is a handful of "hello" requests.
-        prompt_words = int(max(16, min(1024, observed[0])))
-        gen = int(max(16, min(RAMP_MAX_TOKENS, observed[1])))
-    else:
-        prompt_words, gen = RAMP_PROMPT_WORDS, RAMP_MAX_TOKENS
+    prompt_words, gen = _ramp_shape(ctx, observed)
     steps = await ramp(ctx, prompt_words, gen, budget_s=max(20.0, min(60.0, 4 * ctx.window_s)))
     snapshot = await scrape(ctx.client, ctx.url)  # the Proxima gauges exist once a step has run
     capacity = kv_capacity_tokens(snapshot)
@@ -181,7 +200,7 @@ async def run(ctx: ProbeContext) -> ProbeResult:
     else:
         typical, source = None, "unknown"
 
-    evidence: dict = {
+    evidence: Evidence = {
         "kv_capacity_tokens": capacity,
         "kv_bytes_per_token": per_token,
         "kv_cache_dtype": snapshot.kv_cache_dtype or "N/A",
@@ -213,39 +232,54 @@ async def run(ctx: ProbeContext) -> ProbeResult:
         evidence["gpu_memory_free_bytes"] = min(
             (g.memory_total_bytes - g.memory_used_bytes for g in gpus
              if g.memory_total_bytes is not None and g.memory_used_bytes is not None), default=None)
-    else:
+    elif ctx.server_here:
         evidence["gpu_memory_headroom"] = "N/A: no GPU visible through NVML; GPU headroom part skipped"
+    else:
+        evidence["gpu_memory_headroom"] = "N/A: the server is not on this machine; GPU headroom part skipped"
+    return Readings(snapshot, capacity, per_token, typical, fits, max_num_seqs, bool(assumed), steps,
+                    pressured, evidence["preemptions_before_doctor"], headroom, ctx.max_model_len, evidence)
 
+
+def judge(r: Readings) -> Verdict:
     fails: list[str] = []
     warns: list[str] = []
-    if pressured is not None:
-        fails.append(f"{pressured.pressure} start at {pressured.concurrency} concurrent requests of "
-                     f"~{typical or 0:.0f} tokens (KV peak seen {pct(pressured.peak_kv_usage)})")
-    if fits is not None and max_num_seqs and fits < max_num_seqs:
-        short = (f"the KV cache holds {math.floor(fits)} typical requests but --max-num-seqs admits "
-                 f"{max_num_seqs}")
+    if r.pressured is not None:
+        fails.append(f"{r.pressured.pressure} start at {r.pressured.concurrency} concurrent requests of "
+                     f"~{r.typical or 0:.0f} tokens (KV peak seen {pct(r.pressured.peak_kv_usage)})")
+    if r.fits is not None and r.max_num_seqs and r.fits < r.max_num_seqs:
+        short = (f"the KV cache holds {math.floor(r.fits)} typical requests but --max-num-seqs admits "
+                 f"{r.max_num_seqs}")
         # A limit the operator stated is a fact; vLLM's default is only what this server probably uses.
-        if assumed:
+        if r.max_num_seqs_assumed:
             warns.append(short + " (vLLM's default here; pass --max-num-seqs to judge)")
         else:
             fails.append(short)
-    before = evidence["preemptions_before_doctor"]
-    if before:
-        warns.append(f"the server preempted {before:.0f} requests before the doctor ran")
-    if headroom is not None and headroom < MIN_GPU_HEADROOM:
-        warns.append(f"only {pct(headroom)} GPU memory free outside the KV cache (activation spikes can OOM)")
-
-    advice = _advice(capacity, typical, per_token, max_num_seqs, pressured, ctx.max_model_len,
-                     snapshot, headroom, _uses_token_slots(snapshot)) if fails or warns else ()
+    if r.preemptions_before:
+        warns.append(f"the server preempted {r.preemptions_before:.0f} requests before the doctor ran")
+    if r.headroom is not None and r.headroom < MIN_GPU_HEADROOM:
+        warns.append(f"only {pct(r.headroom)} GPU memory free outside the KV cache (activation spikes can "
+                     "OOM)")
     if fails:
-        return ProbeResult(CHECK, Status.FAIL, "; ".join(fails + warns), evidence, RUNBOOK, advice)
+        return Verdict(Status.FAIL, "; ".join(fails + warns), ("at_risk",))
     if warns:
-        return ProbeResult(CHECK, Status.WARN, "; ".join(warns), evidence, RUNBOOK, advice)
-    top = steps[-1].concurrency if steps else 0
-    summary = (f"KV holds ~{math.floor(fits)} typical ({typical:.0f}-token) requests; no preemptions up to "
-               f"{top} concurrent (KV peak {pct(evidence['ramp_peak_kv_usage'])})") if fits else \
-              f"no preemptions up to {top} concurrent"
-    return ProbeResult(CHECK, Status.OK, summary, evidence, RUNBOOK)
+        return Verdict(Status.WARN, "; ".join(warns), ("at_risk",))
+    top = r.steps[-1].concurrency if r.steps else 0
+    if not r.fits:
+        return Verdict(Status.OK, f"no preemptions up to {top} concurrent")
+    return Verdict(Status.OK, f"KV holds ~{math.floor(r.fits)} typical ({r.typical:.0f}-token) requests; no "
+                              f"preemptions up to {top} concurrent (KV peak "
+                              f"{pct(r.evidence['ramp_peak_kv_usage'])})")
+
+
+def advise(r: Readings, verdict: Verdict) -> tuple[str, ...]:
+    if "at_risk" not in verdict.findings:
+        return ()
+    return _advice(r.capacity, r.typical, r.per_token, r.max_num_seqs, r.pressured, r.max_model_len,
+                   r.snapshot, r.headroom, _uses_token_slots(r.snapshot))
+
+
+async def run(ctx: ProbeContext) -> ProbeResult:
+    return await run_steps(CHECK, RUNBOOK, ctx, gather, judge, advise)
 
 
 def assumed_max_num_seqs(server_is_local: bool, gpus: tuple) -> int | None:
@@ -277,7 +311,8 @@ def _advice(capacity: int | None, typical: float | None, per_token: float | None
     if capacity and typical:
         safe = max(1, math.floor(capacity / typical))
         now = f" (now {max_num_seqs})" if max_num_seqs else ""
-        advice.append(f"--max-num-seqs down to {safe}{now}: {safe} x {typical:.0f} tokens fit {capacity} KV slots")
+        advice.append(f"--max-num-seqs down to {safe}{now}: {safe} x {typical:.0f} tokens fit {capacity} KV "
+                      "slots")
         target = max_num_seqs or (2 * pressured.concurrency if pressured else None)
         if target and per_token:
             need = target * typical * per_token
@@ -291,10 +326,11 @@ def _advice(capacity: int | None, typical: float | None, per_token: float | None
         advice.append(f"--max-model-len down (now {max_model_len}): one request may take "
                       f"{100 * max_model_len / capacity:.0f}% of the KV cache")
     if headroom is not None and headroom < MIN_GPU_HEADROOM:
-        advice.append("--gpu-memory-utilization down a little, or --max-num-batched-tokens down: the OOM risk "
-                      "is outside the KV cache")
+        advice.append("--gpu-memory-utilization down a little, or --max-num-batched-tokens down: the OOM "
+                      "risk is outside the KV cache")
     if not token_slots:
-        advice.append("Proxima's token slots add capacity when requests are short and varied (see `adoption`)")
+        advice.append("Proxima's token slots add capacity when requests are short and varied (see "
+                      "`adoption`)")
     return tuple(advice)
 
 

@@ -15,13 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
-from proxima.fetch import first_model
-from proxima.probes.base import DoctorOptions, ProbeContext, ProbeResult, Status
-from proxima.probes.load import LoadDriver
-from proxima.scrape import describe_http_error
-from proxima.probes.process import find_server_pid
 
-from proxima.scrape import scrape
+from proxima.fetch import first_model
+from proxima.hosts import find_server_pid, is_this_host
+from proxima.load import LoadDriver
+from proxima.probes.base import DoctorOptions, ProbeContext, ProbeResult, Status
+from proxima.scrape import describe_http_error, scrape
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +46,8 @@ def parse_checks(text: str | None) -> tuple[str, ...]:
     asked = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in asked if name not in CHECKS]
     if unknown or not asked:
-        raise ValueError(f"unknown check {', '.join(unknown) or repr(text)}; valid checks: {', '.join(CHECKS)}")
+        raise ValueError(f"unknown check {', '.join(unknown) or repr(text)}; "
+                         f"valid checks: {', '.join(CHECKS)}")
     return tuple(name for name in CHECKS if name in asked)
 
 
@@ -119,6 +119,7 @@ async def open_context(client: httpx.AsyncClient, url: str, options: DoctorOptio
                        server_error=error)
     if error is None:
         ctx.baseline = await scrape(client, ctx.url)
+        ctx.server_here = is_this_host(ctx.url)
         ctx.server_pid = find_server_pid(ctx.url)
     return ctx
 

@@ -1,7 +1,8 @@
 """The demo's work: a tiny model served by Proxima, one hello-world request, then a burst of
 concurrent chat-like requests while the server's KV telemetry is sampled.
 
-Rendering lives in proxima/cli/demo.py; this module returns plain results.
+The requests go through `proxima.load`, the samples through `proxima.sampling`; rendering lives
+in proxima/cli/demo.py; this module returns plain results.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from pathlib import Path
 
 import httpx
 
-from proxima.launcher import ManagedServer, ServerSpec
-from proxima.scrape import ServerSnapshot, scrape
+from proxima.load import Completion, LoadDriver, random_prompt
+from proxima.sampling import Sampler
+from proxima.scrape import ServerSnapshot
+from proxima.server_process import ManagedServer, ServerSpec
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings "
-         "memory slots cache tokens request serve model engine block page fragment free used").split()
 # Float32 for exact greedy outputs on CPU; a small KV budget so that the burst fills the cache.
 DEMO_SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
                     "--max-num-seqs", "128")
+REQUEST_TIMEOUT_S = 600.0
 
 
 @dataclass(slots=True)
@@ -44,57 +46,36 @@ class DemoResult:
         return self.samples[-1] if self.samples else None
 
 
-async def _one_request(client: httpx.AsyncClient, url: str, model: str, rng: random.Random) -> int:
-    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 150)))
-    body = {"model": model, "prompt": prompt, "max_tokens": rng.randint(16, 96), "temperature": 0,
-            "ignore_eos": True}
-    r = await client.post(f"{url}/v1/completions", json=body, timeout=600)
-    r.raise_for_status()
-    return r.json()["usage"]["completion_tokens"]
+def burst_requests(num_requests: int, seed: int) -> list[tuple[str, int]]:
+    """(prompt, max_tokens) of each request: 20-150 words, 16-96 tokens out (ignore_eos)."""
+    rng = random.Random(seed)
+    return [(random_prompt(rng, 20, 150), rng.randint(16, 96)) for _ in range(num_requests)]
 
 
 async def drive(url: str, model: str, num_requests: int, concurrency: int, seed: int,
                 result: DemoResult, sample_every_s: float = 0.25) -> None:
-    rng = random.Random(seed)
-    queue = list(range(num_requests))
-    done = asyncio.Event()
     async with httpx.AsyncClient() as client:
-
-        async def worker() -> None:
-            while queue:
-                queue.pop()
-                try:
-                    # Await first, then add: `total += await ...` reads the total before the
-                    # await and loses the other workers' updates.
-                    tokens = await _one_request(client, url, model, rng)
-                    result.output_tokens += tokens
-                    result.requests_ok += 1
-                except httpx.HTTPError:
-                    result.requests_failed += 1
-
-        async def sampler() -> None:
-            while not done.is_set():
-                result.samples.append(await scrape(client, url))
-                try:
-                    await asyncio.wait_for(done.wait(), sample_every_s)
-                except asyncio.TimeoutError:
-                    pass
+        sampler = Sampler(url, sample_every_s, client=client)
+        async with sampler.running():  # ends with one more reading, after the settle below
+            start = time.perf_counter()
+            done = await LoadDriver(client, url, model).each_once(
+                burst_requests(num_requests, seed), concurrency, timeout=REQUEST_TIMEOUT_S)
+            result.wall_s = time.perf_counter() - start
             await asyncio.sleep(0.5)  # let the engine publish its idle state
-            result.samples.append(await scrape(client, url))
-
-        sampling = asyncio.create_task(sampler())
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        result.wall_s = time.perf_counter() - start
-        done.set()
-        await sampling
+    result.requests_ok += sum(c.ok for c in done)
+    result.requests_failed += sum(not c.ok for c in done)
+    result.output_tokens += sum(c.completion_tokens for c in done if c.ok)
+    result.samples.extend(s.snapshot for s in sampler.samples)
 
 
-def hello(url: str, model: str) -> str:
-    r = httpx.post(f"{url}/v1/completions", timeout=120,
-                   json={"model": model, "prompt": "hello world", "max_tokens": 8, "temperature": 0})
-    r.raise_for_status()
-    return r.json()["choices"][0]["text"]
+def hello(url: str, model: str) -> Completion:
+    """One short completion, as a first sign of life (not greedy to the end: EOS may stop it)."""
+    async def once() -> Completion:
+        async with httpx.AsyncClient() as client:
+            return await LoadDriver(client, url, model).complete("hello world", 8, ignore_eos=False,
+                                                                 timeout=120.0)
+
+    return asyncio.run(once())
 
 
 def start_server(model_dir: Path, kv_bytes: int, port: int, log_path: Path) -> ManagedServer:

@@ -3,14 +3,13 @@
 A tool watching several servers must not be held by one: every read here has a cap on the body
 (`MAX_METRICS_BYTES`) and on its total time (httpx's timeouts are per operation, so a server that
 trickles a byte a second would never time out). The one rule for what a server URL is
-(`normalize_url`), for whether it is this machine (`is_local`) and for the shape of
-`/v1/models` (`first_model`) also live here.
+(`normalize_url`) and for the shape of `/v1/models` (`first_model`) also live here; whether a
+URL is this machine is `proxima.hosts`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -29,23 +28,6 @@ class BodyTooLarge(ValueError):
 
 class ScrapeTimeout(httpx.TimeoutException):
     """The whole read took longer than its budget (a slow or trickling server)."""
-
-
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
-
-
-def is_local(url: str) -> bool:
-    """True when `url`'s host is this machine's loopback (the one such rule in Proxima)."""
-    try:
-        host = (urlsplit(url).hostname or "").lower()
-    except ValueError:
-        return False
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def normalize_url(text: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,12 @@ def read_gpus() -> tuple[GpuSnapshot, ...]:
             )
         )
     return tuple(gpus)
+
+
+def memory_used_bytes(gpus: Sequence[GpuSnapshot]) -> int | None:
+    """Memory used on these GPUs together (None when none reports it: shown as N/A)."""
+    used = [g.memory_used_bytes for g in gpus if g.memory_used_bytes is not None]
+    return sum(used) if used else None
 
 
 def visible_indices(cuda_visible_devices: str | None, uuids: list[str]) -> list[int]:

@@ -7,8 +7,10 @@ down, too slow, too large or unparsable yields a snapshot with `ok=False` and th
 dashboard can show it and retry.
 
 Counts are summed over vLLM's `engine` label (data parallel engines) and ratios recomputed from
-the sums (`combine_kv`), except where a per-engine view is asked for with `engine=`. Text → samples
-is `proxima.exposition`; bounded HTTP reads are `proxima.fetch`.
+the sums, except where a per-engine view is asked for with `engine=`; Proxima's own figures are
+read and combined by their catalog rules (`proxima.kv_snapshot`, `KVSnapshot.combine`). Text →
+samples is `proxima.exposition`; bounded HTTP reads are `proxima.fetch`; histograms are
+`proxima.histograms`. How big the KV cache is, whatever the server: `kv_capacity_tokens`.
 """
 
 from __future__ import annotations
@@ -16,98 +18,25 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
-from proxima.exposition import Samples, segment_of
+from proxima.exposition import Samples
 from proxima.fetch import MAX_METRICS_BYTES, BodyTooLarge, get_text, get_text_sync
+from proxima.histograms import HistogramSnapshot, merge_histograms
+from proxima.kv_snapshot import KVSnapshot, read_engines
 from proxima.metrics import catalog as c
+
+# The snapshot types and helpers the tools import from here, the one scrape layer.
+__all__ = ["DEFAULT_URL", "HistogramSnapshot", "KVSnapshot", "ServerSnapshot", "describe_http_error",
+           "kv_capacity_tokens", "merge_histograms", "parse_metrics", "parse_or_error", "rate",
+           "scrape", "scrape_sync"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 _CONFIG_NOISE = {"engine", "None", ""}
 # vllm:cache_config_info labels of features Proxima's users do not tune (hybrid models, bookkeeping).
 _CONFIG_HIDDEN_PREFIXES = ("_", "mamba_", "user_specified_")
-
-
-@dataclass(frozen=True, slots=True)
-class HistogramSnapshot:
-    """Cumulative bucket counts (upper bound, count), as Prometheus exposes them."""
-
-    buckets: tuple[tuple[float, float], ...] = ()
-    count: float = 0.0
-    sum: float = 0.0
-
-    def since(self, older: HistogramSnapshot | None) -> HistogramSnapshot:
-        """Observations made between `older` and this snapshot (a server restart resets to self)."""
-        if older is None or older.count > self.count or len(older.buckets) != len(self.buckets):
-            return self
-        return HistogramSnapshot(
-            tuple((le, n - o) for (le, n), (_, o) in zip(self.buckets, older.buckets)),
-            self.count - older.count,
-            self.sum - older.sum,
-        )
-
-    @property
-    def mean(self) -> float | None:
-        return self.sum / self.count if self.count else None
-
-    def quantile(self, q: float) -> float | None:
-        """Linear interpolation inside the bucket, as PromQL's histogram_quantile does."""
-        if not self.count or not self.buckets:
-            return None
-        rank = q * self.count
-        prev_le, prev_n = 0.0, 0.0
-        for le, n in self.buckets:
-            if n >= rank:
-                if math.isinf(le):
-                    return prev_le
-                width = n - prev_n
-                return prev_le + (le - prev_le) * ((rank - prev_n) / width if width else 0.0)
-            prev_le, prev_n = le, n
-        return prev_le
-
-
-@dataclass(frozen=True, slots=True)
-class KVSnapshot:
-    """Proxima's engine metrics (present only when the server runs Proxima's scheduler)."""
-
-    allocator: str
-    granularity: int
-    slots_total: float
-    slots_used: float
-    slots_free: float
-    slots_cached: float
-    live_tokens: float
-    token_usage: float
-    block_usage: float
-    fragmentation: float
-    block_fragmentation: float
-    occupancy: tuple[float, ...]
-    largest_free_run: float
-    bytes_per_token: float
-    cache_bytes: float
-    requests_holding_slots: float
-    preemptions_total: float
-    allocator_latency: dict[str, HistogramSnapshot] = field(default_factory=dict)
-    engines: tuple[str, ...] = ()  # engine labels of the schedulers that export these metrics
-    prefix_hit_tokens_total: float = 0.0
-    prefix_hit_tokens_beyond_blocks_total: float = 0.0
-    prefix_evicted_tokens_total: float = 0.0
-    # Exceptions a telemetry sink raised and the engine caught (its figures may be stale meanwhile).
-    telemetry_errors_total: float = 0.0
-
-    @property
-    def slot_usage(self) -> float:
-        return self.slots_used / self.slots_total if self.slots_total else 0.0
-
-    @property
-    def beyond_blocks_share(self) -> float | None:
-        """Share of prefix-cache hit tokens a block cache of the reference size would miss."""
-        if not self.prefix_hit_tokens_total:
-            return None
-        return self.prefix_hit_tokens_beyond_blocks_total / self.prefix_hit_tokens_total
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +87,20 @@ class ServerSnapshot:
 
     def config_float(self, key: str) -> float | None:
         return _as_float(self.cache_config.get(key))
+
+
+def kv_capacity_tokens(snap: ServerSnapshot) -> int | None:
+    """The KV cache's size in tokens, whatever the server runs (None: it does not say).
+
+    Proxima's own count of slots when its engine has reported one; else vLLM's blocks x block
+    size (summed over data-parallel engines, like `num_gpu_blocks`); else vLLM's
+    `kv_cache_size_tokens` (one engine's). The one definition `top`, `doctor` and `bench` use.
+    """
+    if snap.proxima is not None and snap.proxima.slots_total:
+        return int(snap.proxima.slots_total)
+    if snap.num_gpu_blocks and snap.block_size:
+        return snap.num_gpu_blocks * snap.block_size
+    return snap.config_int("kv_cache_size_tokens") or None
 
 
 def rate(newer: ServerSnapshot, older: ServerSnapshot | None, attr: str) -> float | None:
@@ -219,130 +162,7 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
         prefix_cache_hits_total=num(v.PREFIX_CACHE_HITS),
         process_rss_bytes=s.total(v.PROCESS_RESIDENT_MEMORY),
         cache_config=config,
-        proxima=_parse_proxima(s, engine),
-    )
-
-
-def _parse_proxima(s: Samples, engine: str | None) -> KVSnapshot | None:
-    info = [lab for lab in s.labels_of(c.ALLOCATOR_INFO.name)
-            if engine is None or lab.get("engine") == engine]
-    if not info:
-        return None
-    # Each engine on its own, then one combination rule (combine_kv): a ratio summed over engines
-    # would read 1.2 for two engines at 60%.
-    rows: dict[str | None, dict[str, str]] = {}
-    for lab in info:
-        rows.setdefault(lab.get("engine"), lab)
-    return combine_kv([_parse_engine(s, e, lab) for e, lab in sorted(rows.items(), key=lambda r: r[0] or "")])
-
-
-def _parse_engine(s: Samples, engine: str | None, info: dict[str, str]) -> KVSnapshot:
-    """One engine's Proxima metrics (`engine` None: an exposition without engine labels)."""
-    def num(spec: c.MetricSpec) -> float:
-        return s.total(spec.sample_name, engine) or 0.0
-
-    def mine(sample) -> bool:
-        return engine is None or sample.labels.get("engine") == engine
-
-    segments: dict[int, float] = {}
-    for sample in s.by_name.get(c.OCCUPANCY_MAP.name, ()):
-        if mine(sample):
-            segments[segment_of(sample)] = sample.value
-    used, total, live = num(c.SLOTS_USED), num(c.SLOTS_TOTAL), num(c.LIVE_TOKENS)
-    return KVSnapshot(
-        allocator=info.get("allocator", "?"),
-        granularity=int(info.get("block_size", "1") or 1),
-        slots_total=total,
-        slots_used=used,
-        slots_free=num(c.SLOTS_FREE),
-        slots_cached=num(c.SLOTS_CACHED),
-        live_tokens=live,
-        token_usage=live / total if total else 0.0,
-        block_usage=num(c.BLOCK_USAGE),
-        fragmentation=_waste(used, live),
-        block_fragmentation=num(c.BLOCK_FRAGMENTATION),
-        occupancy=tuple(v for _, v in sorted(segments.items())),
-        largest_free_run=max((x.value for x in s.by_name.get(c.LARGEST_FREE_RUN.name, ()) if mine(x)),
-                             default=0.0),
-        bytes_per_token=max((x.value for x in s.by_name.get(c.BYTES_PER_TOKEN.name, ()) if mine(x)),
-                            default=0.0),
-        cache_bytes=num(c.CACHE_BYTES),
-        requests_holding_slots=num(c.RUNNING_REQUESTS),
-        preemptions_total=num(c.PREEMPTIONS),
-        allocator_latency={
-            op: _histogram(s, c.ALLOCATOR_LATENCY.name, engine, op=op) for op in c.ALLOCATOR_OPS
-        },
-        engines=(engine,) if engine is not None else (),
-        telemetry_errors_total=num(c.TELEMETRY_ERRORS),
-        prefix_hit_tokens_total=num(c.PREFIX_HIT_TOKENS),
-        prefix_hit_tokens_beyond_blocks_total=num(c.PREFIX_HIT_BEYOND_BLOCKS),
-        prefix_evicted_tokens_total=num(c.PREFIX_EVICTED_TOKENS),
-    )
-
-
-def _waste(allocated: float, live: float) -> float:
-    return max(0.0, (allocated - live) / allocated) if allocated > 0 else 0.0
-
-
-def merge_histograms(hists: Iterable[HistogramSnapshot]) -> HistogramSnapshot:
-    """Sum histograms with the same bucket bounds (engines, or servers in the aggregate view)."""
-    total: HistogramSnapshot | None = None
-    for h in hists:
-        if not h.count:
-            continue
-        if total is None:
-            total = h
-        elif [le for le, _ in h.buckets] == [le for le, _ in total.buckets]:
-            total = HistogramSnapshot(tuple((le, a + b) for (le, a), (_, b) in zip(total.buckets, h.buckets)),
-                                      total.count + h.count, total.sum + h.sum)
-    return total or HistogramSnapshot()
-
-
-def combine_kv(kvs: Sequence[KVSnapshot]) -> KVSnapshot | None:
-    """Several engines' (or servers') KV snapshots as one: counts and histograms summed, every
-    ratio recomputed from the summed counts (usage, fragmentation) or weighted by slots
-    (occupancy), maxima kept as maxima. The one place that combines KV figures."""
-    if not kvs:
-        return None
-    if len(kvs) == 1:
-        return kvs[0]
-    total, used = sum(k.slots_total for k in kvs), sum(k.slots_used for k in kvs)
-    live = sum(k.live_tokens for k in kvs)
-    # Slots 16-token blocks would hold: each engine's ratio times its own capacity.
-    block_slots = sum(k.block_usage * k.slots_total for k in kvs)
-    weights = [k.slots_total for k in kvs] if total else [1.0] * len(kvs)
-    lengths = {len(k.occupancy) for k in kvs}
-    occupancy: tuple[float, ...] = ()
-    if len(lengths) == 1:  # segments are fractions of each engine's own cache: weight by its size
-        occupancy = tuple(sum(w * k.occupancy[i] for w, k in zip(weights, kvs)) / sum(weights)
-                          for i in range(lengths.pop()))
-    return KVSnapshot(
-        allocator="/".join(sorted({k.allocator for k in kvs})),
-        granularity=min(k.granularity for k in kvs),
-        slots_total=total,
-        slots_used=used,
-        slots_free=sum(k.slots_free for k in kvs),
-        slots_cached=sum(k.slots_cached for k in kvs),
-        live_tokens=live,
-        token_usage=live / total if total else 0.0,
-        block_usage=block_slots / total if total else 0.0,
-        fragmentation=_waste(used, live),
-        block_fragmentation=_waste(block_slots, live),
-        occupancy=occupancy,
-        largest_free_run=max(k.largest_free_run for k in kvs),
-        bytes_per_token=max(k.bytes_per_token for k in kvs),
-        cache_bytes=sum(k.cache_bytes for k in kvs),
-        requests_holding_slots=sum(k.requests_holding_slots for k in kvs),
-        preemptions_total=sum(k.preemptions_total for k in kvs),
-        allocator_latency={
-            op: merge_histograms(k.allocator_latency[op] for k in kvs if op in k.allocator_latency)
-            for op in c.ALLOCATOR_OPS if any(op in k.allocator_latency for k in kvs)
-        },
-        engines=tuple(sorted({e for k in kvs for e in k.engines})),
-        telemetry_errors_total=sum(k.telemetry_errors_total for k in kvs),
-        prefix_hit_tokens_total=sum(k.prefix_hit_tokens_total for k in kvs),
-        prefix_hit_tokens_beyond_blocks_total=sum(k.prefix_hit_tokens_beyond_blocks_total for k in kvs),
-        prefix_evicted_tokens_total=sum(k.prefix_evicted_tokens_total for k in kvs),
+        proxima=read_engines(s, engine),
     )
 
 

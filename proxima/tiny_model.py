@@ -12,16 +12,14 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from proxima.load import WORDS
+
 logger = logging.getLogger(__name__)
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<s>{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant: {% endif %}"
 )
-_WORDS = (
-    "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings "
-    "memory slots cache tokens request serve model engine block page fragment free used"
-).split()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +39,9 @@ class TinyModelSpec:
 def _train_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    corpus = [" ".join(_WORDS[(i * 7 + j) % len(_WORDS)] for j in range(40)) + f" {i}" for i in range(2000)]
+    # Trained on the words generated load is made of (the doctor's, the demo's, the tests'), so
+    # each of them is one token.
+    corpus = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(40)) + f" {i}" for i in range(2000)]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -56,7 +56,6 @@ def _train_tokenizer(vocab_size: int):
 
 def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Write a loadable model directory and return its path. Existing files are replaced atomically."""
-    import torch
     from safetensors.torch import save_file
 
     out = Path(out_dir)

@@ -14,6 +14,8 @@ scheduling took. Each engine runs in its own process (vLLM's plugin registry is 
 stock allocation runs under Proxima's observing scheduler (PROXIMA_ALLOCATOR=block), which
 leaves vLLM's block manager and its prefix cache untouched and only reads them. vLLM's CPU
 attention needs blocks that are multiples of 32, so stock block 16 runs on the GPU only.
+Token-slot runs also report how many KV tiles of what attention reads are dense (their slots one
+ascending run): of every running context, and of the contexts being prefilled.
 
 usage: python scripts/bench_capacity.py [--workload short-chat] [--model DIR] [--requests 400]
                                         [--kv-tokens 8192] [--json OUT] [--kv-cache-dtype auto|fp8]
@@ -75,7 +77,12 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
               scheduler_cls="proxima.engine.scheduler.ProximaScheduler", kv_cache_dtype=kv_cache_dtype)
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
+    from proxima.engine.slot_table import DenseTileTally
+
     steps: list[tuple[int, int, int, float]] = []
+    # Contiguous KV tiles among what attention reads: every running request's context per step,
+    # and the contexts of the requests that prefill (more than one token scheduled)
+    dense_tiles, prefill_tiles = DenseTileTally(), DenseTileTally("prefill_dense_tiles")
     schedule, preemptions, alloc_time = scheduler.schedule, [0], [0.0]
 
     def timed_schedule(*args, **kwargs):
@@ -85,6 +92,10 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
         s = scheduler.last_kv_stats
         steps.append((s.live_tokens, s.slots_used, len(scheduler.running), elapsed,
                       out.total_num_scheduled_tokens))
+        if allocator == "token":  # after the timer
+            table = scheduler.kv_cache_manager.table
+            dense_tiles.add(table, (r.request_id for r in scheduler.running))
+            prefill_tiles.add(table, (rid for rid, n in out.num_scheduled_tokens.items() if n > 1))
         return out
 
     preempt = scheduler._preempt_request
@@ -161,6 +172,7 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
         "schedule_ms_p50": float(np.percentile(step_times, 50) * 1e3),
         "schedule_ms_p99": float(np.percentile(step_times, 99) * 1e3),
     }
+    result.update(dense_tiles.shares() | prefill_tiles.shares())
     if alloc_per_step:
         a = np.array(alloc_per_step) * 1e6
         result["allocator_us_per_step_p50"] = float(np.percentile(a, 50))
@@ -213,6 +225,12 @@ def main() -> None:
     if px is not None and "allocator_us_per_step_p50" in px:
         print(f"proxima allocator time per step: p50 {px['allocator_us_per_step_p50']:.1f} us, "
               f"p99 {px['allocator_us_per_step_p99']:.1f} us")
+    for name, r in results.items():
+        if "dense_tiles_64" in r:
+            print(f"{name}: KV tiles whose slots are one ascending run, over all steps: "
+                  f"{r['dense_tiles_64']:.1%} of 64-token tiles, {r['dense_tiles_128']:.1%} of 128 "
+                  f"(running contexts); {r.get('prefill_dense_tiles_64', 0):.1%} of 64-token tiles "
+                  f"(contexts being prefilled)")
     for base in (n for n in results if n.startswith("stock") and px is not None):
         b = results[base]
         print(f"mean running proxima/{base}: {px['running_mean'] / b['running_mean']:.2f}x")

@@ -159,7 +159,8 @@ def load_module(path: str) -> ModuleType:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", help="path of another reference.py to compare against")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds per case (median reported)")
     parser.add_argument("--round-seconds", type=float, default=0.25, help="time budget of one round")

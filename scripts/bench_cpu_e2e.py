@@ -129,7 +129,8 @@ def drive(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory (proxima model tiny DIR)")
     parser.add_argument("--baseline", help="another reference.py to run as variant proxima-baseline")
     parser.add_argument("--prompts", type=int, default=64)

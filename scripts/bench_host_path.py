@@ -112,9 +112,10 @@ def main() -> None:
         baseline = _load(args.checks_from)
         modules.append((" [--checks-from]", baseline.check_attention_args, baseline.check_write_kv_args))
     for tag, check_attention, check_write in modules:
-        timed[f"attention argument checks{tag}"] = lambda n, f=check_attention: [f(*attention) for _ in range(n)]
+        timed[f"attention argument checks{tag}"] = \
+            lambda n, f=check_attention: [f(*attention) for _ in range(n)]
         timed[f"KV write argument checks{tag}"] = lambda n, f=check_write: [f(*write) for _ in range(n)]
-    timed["tile choice (cached)"] = lambda n: [choose_tiles(245, 47, 4, 128, 2, 200) for _ in range(n)]
+    timed["tile choice (cached)"] = lambda n: [choose_tiles(4, 128, 2, 200) for _ in range(n)]
     print(f"per call, median of {args.repeats} x {args.calls} calls ({args.requests} requests per step):")
     for name, fn in timed.items():
         print(f"  {name:<44} {per_call_us(fn, args.calls, args.repeats):6.2f} us")

@@ -25,7 +25,6 @@ import numpy as np
 from proxima.metrics.otel import OtelKVExporter
 
 
-
 class _Sink(BaseHTTPRequestHandler):
     """Accepts every OTLP export (the shutdown's last one), on loopback."""
 

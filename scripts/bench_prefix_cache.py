@@ -56,7 +56,7 @@ def main() -> None:
     cache, convs = build_cache(rng, 400_000)
     print(f"tree: {cache.num_cached:,} cached tokens in {cache.tree.num_nodes:,} nodes")
     lookups, lives = [], []
-    for i in range(args.repeats):
+    for _ in range(args.repeats):
         base = convs[rng.randrange(len(convs))]
         prompt = base + [rng.randrange(3, 32000) for _ in range(2000 - len(base))]
         arr = np.array(prompt[:-1], dtype=np.int64)

@@ -1,7 +1,7 @@
 """Soak: mixed traffic against `proxima serve` for a long time; do slots, memory and requests hold?
 
-Starts `proxima serve` on loopback (tiny model, CPU) through the launcher, then alternates bursts
-of mixed traffic with quiet periods until --duration has passed:
+Starts `proxima serve` on loopback (tiny model, CPU) through `proxima.server_process`, then
+alternates bursts of mixed traffic with quiet periods until --duration has passed:
   stream      streamed completion read to [DONE]; its token count checked
   complete    plain completion; its token count checked
   disconnect  streamed completion the client drops after three chunks
@@ -37,9 +37,9 @@ import httpx
 import psutil
 
 from proxima.exposition import Samples
-from proxima.launcher import ManagedServer, ServerSpec
 from proxima.metrics.catalog import Vllm
 from proxima.scrape import scrape
+from proxima.server_process import ManagedServer, ServerSpec
 
 SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory-bytes", str(64 << 20),
                "--enforce-eager", "--max-num-seqs", "32")

@@ -108,7 +108,8 @@ def main() -> None:
     step_ms = [1e3 * r["wall_s"] / max(r["steps"], 1) for r in runs["on"]]
     print(f"throughput on : median {statistics.median(on):.1f} tok/s  runs {[round(x, 1) for x in on]}")
     print(f"throughput off: median {statistics.median(off):.1f} tok/s  runs {[round(x, 1) for x in off]}")
-    print(f"throughput change with telemetry: {100 * (statistics.median(on) / statistics.median(off) - 1):+.2f}%")
+    change = statistics.median(on) / statistics.median(off) - 1
+    print(f"throughput change with telemetry: {100 * change:+.2f}%")
     print(f"time in telemetry / engine wall time: median {100 * statistics.median(share):.3f}% "
           f"(runs {[round(100 * s, 3) for s in share]})")
     print(f"telemetry per scheduler step: median {statistics.median(per_step):.0f} us; "

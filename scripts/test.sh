@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up everything the tests need, then run them: the pinned venv (scripts/install.sh), the
-# Prometheus server and promtool (scripts/prometheus.sh), and the tiny model. Extra arguments go
-# to pytest (e.g. scripts/test.sh -k allocator).
+# Prometheus server and promtool (scripts/prometheus.sh), and the tiny model; then the linter
+# (ruff, configured in pyproject.toml: pyflakes, pycodestyle, bugbear, import order), whose
+# findings fail the run before any test starts. Extra arguments go to pytest (e.g.
+# scripts/test.sh -k allocator).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
@@ -10,4 +12,5 @@ if [[ -x scripts/prometheus.sh ]]; then
 fi
 export PROXIMA_TEST_MODEL=${PROXIMA_TEST_MODEL:-$PWD/.proxima/tiny-model}
 [[ -f $PROXIMA_TEST_MODEL/config.json ]] || .venv/bin/proxima model tiny "$PROXIMA_TEST_MODEL"
+.venv/bin/python -m ruff check .
 exec .venv/bin/python -m pytest "$@"

@@ -32,17 +32,19 @@ BACKEND_LAYOUT = "head-interleaved"
 def kv_views(
     num_slots: int, heads: int, head_size: int, layout: str, gen: torch.Generator, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V caches as views into one random buffer, in the layouts a backend may hand over:
-    split [2, S, H, D] (vLLM's), slot-interleaved [S, 2, H, D], and head-interleaved [S, H, 2D]
-    (K and V halves of each head's row, so the head stride is 2D)."""
+    """K and V caches as views into one random buffer on DEVICE, in the layouts a backend may hand
+    over: split [2, S, H, D] (vLLM's), slot-interleaved [S, 2, H, D], and head-interleaved
+    [S, H, 2D] (K and V halves of each head's row, so the head stride is 2D). The buffer moves to
+    the device whole: moving the views one by one would copy each into a tensor of its own, and
+    the layout under test would be gone."""
     if layout == "split":
-        buf = torch.randn(2, num_slots, heads, head_size, generator=gen).to(dtype)
+        buf = torch.randn(2, num_slots, heads, head_size, generator=gen).to(dtype).to(DEVICE)
         return buf[0], buf[1]
     if layout == "slot-interleaved":
-        buf = torch.randn(num_slots, 2, heads, head_size, generator=gen).to(dtype)
+        buf = torch.randn(num_slots, 2, heads, head_size, generator=gen).to(dtype).to(DEVICE)
         return buf[:, 0], buf[:, 1]
     assert layout == "head-interleaved", layout
-    buf = torch.randn(num_slots, heads, 2 * head_size, generator=gen).to(dtype)
+    buf = torch.randn(num_slots, heads, 2 * head_size, generator=gen).to(dtype).to(DEVICE)
     return buf[..., :head_size], buf[..., head_size:]
 
 
@@ -94,7 +96,7 @@ def make_batch(
     num_tokens = int(query_start_loc[-1]) + pad_rows
     query = torch.randn(num_tokens, num_query_heads, head_size, generator=gen).to(dtype)
     return Batch(
-        query=query.to(DEVICE), k_cache=k_cache.to(DEVICE), v_cache=v_cache.to(DEVICE),
+        query=query.to(DEVICE), k_cache=k_cache, v_cache=v_cache,
         slot_table=slot_table.to(DEVICE), query_start_loc=query_start_loc.to(DEVICE),
         seq_lens=torch.tensor([s for _, s in requests], dtype=torch.int32, device=DEVICE),
         scale=1.0 / math.sqrt(head_size),
@@ -102,11 +104,20 @@ def make_batch(
     )
 
 
+def triton_write_kv_or_skip():
+    """The Triton KV-write module, or a skip (as ``triton_attention_or_skip``)."""
+    triton_attention_or_skip()
+    from proxima.engine.attention import triton_write_kv
+
+    return triton_write_kv
+
+
 def triton_attention_or_skip():
     """The Triton kernels module, or a skip when it cannot run here (see the module docstring)."""
     pytest.importorskip("triton")
     from proxima.engine.attention import triton_attention
+    from proxima.engine.attention.launch_args import interpreting
 
-    if DEVICE == "cpu" and not triton_attention._interpreting():
+    if DEVICE == "cpu" and not interpreting():
         pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set; run this module on its own")
     return triton_attention

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxima.launcher import ManagedServer, ServerSpec
+from proxima.server_process import ManagedServer, ServerSpec
 
 # Float32 and eager mode: exact greedy comparisons between engines, and quick start-up on CPU.
 SERVER_ARGS = (

@@ -18,14 +18,14 @@ import os
 import random
 import sys
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings "
-         "memory slots cache tokens request serve model engine block page fragment free used").split()
+from proxima.load import random_prompt
+
 KV_BUDGET_TOKENS = 1536  # far below what the big batch needs: forces preemption in both engines
 
 
 def prompts(n: int, seed: int, lo: int = 3, hi: int = 300) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
+    return [random_prompt(rng, lo, hi) for _ in range(n)]
 
 
 def engine_kwargs(variant: str) -> dict:

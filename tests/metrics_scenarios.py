@@ -86,7 +86,8 @@ def main(model: str, variant: str) -> dict:
     scheduler.telemetry_interval_s = 3600.0
     long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     for i in range(40):
-        engine.add_request(f"p{i}", TokensPrompt(prompt_token_ids=[(i * 7 + j) % 400 + 3 for j in range(200)]), long)
+        ids = [(i * 7 + j) % 400 + 3 for j in range(200)]
+        engine.add_request(f"p{i}", TokensPrompt(prompt_token_ids=ids), long)
     for _ in range(3):
         engine.step()
     result["during_pressure"] = {"running": len(scheduler.running), "prom": exporter_samples(scheduler)}

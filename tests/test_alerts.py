@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dashboards import alert_tests, alerts
-from proxima.metrics import catalog as c
+from dashboards import alert_tests, alerts  # noqa: E402 (after the sys.path set-up above)
+from proxima.metrics import catalog as c  # noqa: E402
 
 PROM_DIR = ROOT / "dashboards" / "prometheus"
 RULES = PROM_DIR / "proxima-alerts.yml"

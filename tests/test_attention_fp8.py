@@ -17,7 +17,10 @@ from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only 
     Batch,
     make_batch,
     triton_attention_or_skip,
+    triton_write_kv_or_skip,
 )
+
+# isort: split
 
 import dataclasses  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
@@ -25,6 +28,7 @@ from types import SimpleNamespace  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from proxima.engine.attention import planning  # noqa: E402
 from proxima.engine.attention.planning import TileConfig  # noqa: E402
 from proxima.engine.attention.quant import KVScales, dequantize, quantize_fp8  # noqa: E402
 from proxima.engine.attention.reference import slot_attention_torch, write_kv  # noqa: E402
@@ -187,12 +191,17 @@ def kernels():
     return triton_attention_or_skip()
 
 
+@pytest.fixture(scope="module")
+def write_kernels():
+    return triton_write_kv_or_skip()
+
+
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("per_head", [False, True], ids=["per-tensor", "per-head"])
-def test_write_kv_triton_rounds_to_nearest_as_vllm_cuda(kernels, dtype, per_head) -> None:
+def test_write_kv_triton_rounds_to_nearest_as_vllm_cuda(write_kernels, dtype, per_head) -> None:
     key, value, k_cache, v_cache, slots, scales = _write_case(dtype, per_head, BACKEND_LAYOUT, seed=4)
     expected = _expected_write(key, value, k_cache, v_cache, slots, scales, "nearest")
-    kernels.write_kv_triton(key, value, k_cache, v_cache, slots, scales)
+    write_kernels.write_kv_triton(key, value, k_cache, v_cache, slots, scales)
     assert torch.equal(k_cache.float().cpu(), expected[0].cpu())
     assert torch.equal(v_cache.float().cpu(), expected[1].cpu())
 
@@ -228,8 +237,8 @@ def test_a_dropped_or_swapped_scale_is_caught() -> None:
     b, scales, oracle = fp8_batch(MIXED, (4, 2), 64, seed=2)
     expected = naive_attention(oracle)
     num = b.num_queries
-    for wrong in (KVScales(torch.tensor(1.0), torch.tensor(1.0)), KVScales(scales.v, scales.k),
-                  KVScales(scales.k, torch.tensor(1.0))):
+    one = torch.tensor(1.0, device=DEVICE)
+    for wrong in (KVScales(one, one), KVScales(scales.v, scales.k), KVScales(scales.k, one)):
         out = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))), kv_scales=wrong)
         assert (out[:num].double() - expected[:num]).abs().max() > 100 * TORCH_TOL
 
@@ -239,7 +248,7 @@ def tiles(request, kernels, monkeypatch: pytest.MonkeyPatch) -> str:
     """Small tiles: several query tiles per request and several KV tiles per context."""
     if request.param == "small-tiles":
         small = TileConfig(block_m=16, block_n=16)
-        monkeypatch.setattr(kernels, "choose_tiles", lambda *args: small)
+        monkeypatch.setattr(planning, "choose_tiles", lambda *args: small)
     return request.param
 
 
@@ -270,8 +279,8 @@ def test_triton_fp8_cases_match_float64(kernels, case) -> None:
 def test_triton_fp8_split_kv_matches_float64(kernels, monkeypatch, num_splits, per_head) -> None:
     # The interpreter never splits on its own (no SM count): force S splits over 16-token tiles,
     # so v_scale must reach every split partial (the merge itself knows no scales).
-    monkeypatch.setattr(kernels, "choose_tiles", lambda *args: TileConfig(block_m=16, block_n=16))
-    monkeypatch.setattr(kernels, "choose_num_splits", lambda *args: num_splits)
+    monkeypatch.setattr(planning, "choose_tiles", lambda *args: TileConfig(block_m=16, block_n=16))
+    monkeypatch.setattr(planning, "choose_num_splits", lambda *args: num_splits)
     requests = [(1, 96), (1, 40), (1, 9), (1, 1), (5, 21), (12, 70)]
     b, scales, oracle = fp8_batch(requests, (8, 2), 64, seed=num_splits, per_head=per_head)
     kernels.slot_attention_triton(*b.args(), kv_scales=scales, max_query_len=12, max_seq_len=96)
@@ -283,9 +292,9 @@ def test_triton_fp8_split_kv_matches_float64(kernels, monkeypatch, num_splits, p
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_fp8_cache_and_scales_go_together(kernels, impl) -> None:
+def test_fp8_cache_and_scales_go_together(kernels, write_kernels, impl) -> None:
     attend = slot_attention_torch if impl == "torch" else kernels.slot_attention_triton
-    writer = write_kv if impl == "torch" else kernels.write_kv_triton
+    writer = write_kv if impl == "torch" else write_kernels.write_kv_triton
     b, scales, _ = fp8_batch(MIXED, (4, 2), 64, seed=1)
     with pytest.raises(ValueError, match="needs the layer's k/v scales"):
         attend(*b.args())

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from tests.attention_cases import DEVICE, GARBAGE_SLOT  # first: sets TRITON_INTERPRET on CPU-only machines
 
+# isort: split
+
 import math  # noqa: E402
 
 import pytest  # noqa: E402
@@ -104,10 +106,12 @@ def _compiled_count(fn) -> int:
 
 def test_precompiled_variants_cover_every_launch_that_follows() -> None:
     from proxima.engine.attention import triton_attention as ta
+    from proxima.engine.attention import warmup
+    from proxima.engine.attention.triton_merge_splits import _merge_splits_kernel
 
     b = GraphBuffers(64)
-    ta.compile_attention_variants(b.query, b.k_cache, b.v_cache, b.table, b.qsl, b.seq_lens, b.output)
-    before = (_compiled_count(ta._slot_attention_kernel), _compiled_count(ta._merge_splits_kernel))
+    warmup.compile_attention_variants(b.query, b.k_cache, b.v_cache, b.table, b.qsl, b.seq_lens, b.output)
+    before = (_compiled_count(ta._slot_attention_kernel), _compiled_count(_merge_splits_kernel))
     # Decode and prefill tiles, unsplit and split with several split counts, mixed batches.
     for requests in ([(1, 2048)], [(1, 300)] * 64, [(64, 64)], [(8, 2048)], [(1, 1000)] * 3,
                      [(30, 500), (1, 2000), (1, 1)], [(2, 2048)] * 2):
@@ -117,5 +121,5 @@ def test_precompiled_variants_cover_every_launch_that_follows() -> None:
                                  b.seq_lens[: len(requests)], SCALE, b.output, num_actual_tokens=n,
                                  max_query_len=max(q_lens), max_seq_len=max(s for _, s in requests))
     torch.cuda.synchronize()
-    after = (_compiled_count(ta._slot_attention_kernel), _compiled_count(ta._merge_splits_kernel))
+    after = (_compiled_count(ta._slot_attention_kernel), _compiled_count(_merge_splits_kernel))
     assert after == before, f"compiled after warm-up: {before} -> {after} (attention, merge)"

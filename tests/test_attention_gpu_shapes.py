@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from tests.attention_cases import DEVICE, make_batch  # first: sets TRITON_INTERPRET on CPU-only machines
 
+# isort: split
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

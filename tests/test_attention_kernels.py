@@ -14,12 +14,15 @@ from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only 
     kv_views,
     make_batch,
     triton_attention_or_skip,
+    triton_write_kv_or_skip,
 )
+
+# isort: split
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from proxima.engine.attention import reference  # noqa: E402
+from proxima.engine.attention import planning, reference  # noqa: E402
 from proxima.engine.attention.planning import TileConfig  # noqa: E402
 from proxima.engine.attention.reference import slot_attention_torch, write_kv  # noqa: E402
 
@@ -181,8 +184,7 @@ def test_kv_rows_detects_only_exact_row_tiling() -> None:
 def _write_case(seed: int, layout: str, index_dtype: torch.dtype):
     gen = torch.Generator().manual_seed(seed)
     num_slots, heads, head_size = 40, 2, 32
-    views = kv_views(num_slots, heads, head_size, layout, gen, torch.float32)
-    k_cache, v_cache = (t.to(DEVICE) for t in views)
+    k_cache, v_cache = kv_views(num_slots, heads, head_size, layout, gen, torch.float32)
     # Strided sources, as when key/value are slices of a fused QKV projection; 2 padding rows.
     key, value = torch.randn(9, heads, 3 * head_size, generator=gen).to(DEVICE).split(head_size, dim=2)[:2]
     slots = torch.randperm(num_slots, generator=gen)[:7]
@@ -296,12 +298,23 @@ def triton_attention():
     return triton_attention_or_skip()
 
 
-@pytest.fixture(params=["default-tiles", "small-tiles"])
+@pytest.fixture(scope="module")
+def triton_write_kv():
+    return triton_write_kv_or_skip()
+
+
+# A mixed plan at interpreter scale: requests whose queries fit 16 rows take those (and 32-token KV
+# tiles), longer ones 32-row tiles over 16-token KV tiles, in one launch.
+MIXED_TILES = TileConfig(block_m=32, block_n=16, short_block_m=16, short_block_n=32)
+
+
+@pytest.fixture(params=["default-tiles", "small-tiles", "mixed-tiles"])
 def tiles(request, triton_attention, monkeypatch: pytest.MonkeyPatch) -> str:
     """Small tiles put several query tiles in one request and several KV tiles in one context."""
-    if request.param == "small-tiles":
-        small = TileConfig(block_m=16, block_n=16)
-        monkeypatch.setattr(triton_attention, "choose_tiles", lambda *args: small)
+    tiles = {"small-tiles": TileConfig(block_m=16, block_n=16), "mixed-tiles": MIXED_TILES}
+    forced = tiles.get(request.param)
+    if forced is not None:
+        monkeypatch.setattr(planning, "choose_tiles", lambda *args: forced)
     return request.param
 
 
@@ -344,11 +357,11 @@ def test_triton_edge_cases_match_torch(triton_attention, tiles: str, case: str) 
 
 
 @pytest.mark.parametrize("layout", KV_LAYOUTS)
-def test_write_kv_triton_places_rows_and_skips_padding(triton_attention, layout: str) -> None:
-    _check_written(triton_attention.write_kv_triton, 12, layout, torch.int32)
+def test_write_kv_triton_places_rows_and_skips_padding(triton_write_kv, layout: str) -> None:
+    _check_written(triton_write_kv.write_kv_triton, 12, layout, torch.int32)
 
 
-def test_triton_launchers_reject_bad_arguments(triton_attention) -> None:
+def test_triton_launchers_reject_bad_arguments(triton_attention, triton_write_kv) -> None:
     b = make_batch(MIXED, 4, 2, 32, fragmented=True, seed=1)
     bad = _bad_attention_args(b)
     q, k, v, table, qsl, seq_lens, scale, out = b.args()
@@ -361,29 +374,9 @@ def test_triton_launchers_reject_bad_arguments(triton_attention) -> None:
         assert torch.isnan(b.output).all(), name
     for args in _bad_write_args().values():
         with pytest.raises(ValueError, match="write_kv"):
-            triton_attention.write_kv_triton(*args)
+            triton_write_kv.write_kv_triton(*args)
     key = torch.randn(3, 2, 64, device=DEVICE)[..., ::2]  # D values two apart
     cache = torch.zeros(8, 2, 32, device=DEVICE)
     with pytest.raises(ValueError, match="write_kv_triton: key must have unit stride along D"):
-        triton_attention.write_kv_triton(key, key.contiguous(), cache, cache.clone(),
-                                         torch.arange(3, device=DEVICE))
-
-
-def test_triton_relaunch_with_new_data_matches_torch(triton_attention) -> None:
-    """The second launch of a shape goes through the kept compiled kernel (launcher.py) on a GPU:
-    it must read the new call's tensors, not the first call's."""
-    for seed in (21, 22):  # same shapes and dtypes, different data and allocations
-        b = make_batch(MIXED, 4, 2, 32, fragmented=True, seed=seed)
-        key, value = b.query[:, :2].clone(), b.query[:, 2:].clone()
-        gen = torch.Generator().manual_seed(seed)
-        slots = torch.randperm(b.k_cache.shape[0], generator=gen)[: key.shape[0]].to(DEVICE)
-        k_cache, v_cache = b.k_cache.clone(), b.v_cache.clone()
-        triton_attention.write_kv_triton(key, value, k_cache, v_cache, slots)
-        expected_k, expected_v = b.k_cache.clone(), b.v_cache.clone()
-        write_kv(key, value, expected_k, expected_v, slots)
-        assert torch.equal(k_cache.cpu(), expected_k.cpu()) and torch.equal(v_cache.cpu(), expected_v.cpu())
-        expected = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))))
-        triton_attention.slot_attention_triton(*b.args(), max_query_len=7, max_seq_len=40)
-        assert_rows(b.output, expected.cpu(), int(b.query_start_loc[-1]), atol=1e-3, rtol=1e-3)
-    if DEVICE == "cuda":
-        assert triton_attention._launch_attention._compiled and triton_attention._launch_write_kv._compiled
+        triton_write_kv.write_kv_triton(key, key.contiguous(), cache, cache.clone(),
+                                        torch.arange(3, device=DEVICE))

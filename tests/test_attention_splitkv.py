@@ -19,19 +19,21 @@ from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only 
     Batch,
     triton_attention_or_skip,
 )
-from tests.attention_cases import make_batch as _make_batch
 
+# isort: split
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from proxima.engine.attention import planning  # noqa: E402
 from proxima.engine.attention.planning import (  # noqa: E402
     DECODE_KV_STAGE_BUDGET_BYTES,
     KV_STAGE_BUDGET_BYTES,
     TileConfig,
 )
 from proxima.engine.attention.reference import slot_attention_torch  # noqa: E402
+from tests.attention_cases import make_batch as _make_batch
 
 pytestmark = INTERPRETER_WARNINGS
 KV_TILE = 16  # forced BLOCK_N: segments are whole tiles, so a 96-token context has 6 of them
@@ -77,14 +79,14 @@ def force(kernels, monkeypatch: pytest.MonkeyPatch):
 
     def apply(num_splits: int, small_tiles: bool = True) -> list[tuple[int, int]]:
         if small_tiles:
-            def tiles(num_tokens, num_requests, group, *rest):
+            def tiles(group, *rest):
                 return TileConfig(block_m=max(16, 1 << (group - 1).bit_length()), block_n=KV_TILE)
-            monkeypatch.setattr(kernels, "choose_tiles", tiles)
+            monkeypatch.setattr(planning, "choose_tiles", tiles)
 
         def splits(num_programs, num_kv_tiles, num_sms):
             calls.append((num_programs, num_kv_tiles))
             return num_splits
-        monkeypatch.setattr(kernels, "choose_num_splits", splits)
+        monkeypatch.setattr(planning, "choose_num_splits", splits)
         return calls
 
     return apply
@@ -106,6 +108,19 @@ def test_forced_splits_match_torch_on_a_mixed_batch(kernels, force, num_splits: 
     # uneven segments and leave empty segments for the 1-tile requests and the early prefill rows.
     force(num_splits)
     b = make_batch(MIXED, 4, 2, 32, seed=num_splits)
+    run_split(kernels, b, max_query_len=12, max_seq_len=96)
+    assert_rows(b.output, expected_of(b), b.num_queries, 1e-3)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_forced_splits_match_torch_with_a_mixed_plan(kernels, force, monkeypatch: pytest.MonkeyPatch,
+                                                     num_splits: int) -> None:
+    # Decodes take 16-row tiles over 32-token KV tiles, the rest 32-row tiles over 16-token ones:
+    # each shape cuts its own KV range into the launch's one split count.
+    force(num_splits)
+    mixed = TileConfig(block_m=32, block_n=KV_TILE, short_block_m=16, short_block_n=2 * KV_TILE)
+    monkeypatch.setattr(planning, "choose_tiles", lambda *_: mixed)
+    b = make_batch(MIXED, 4, 2, 32, seed=20 + num_splits)
     run_split(kernels, b, max_query_len=12, max_seq_len=96)
     assert_rows(b.output, expected_of(b), b.num_queries, 1e-3)
 
@@ -133,11 +148,11 @@ def test_more_splits_than_any_request_has_tiles(kernels, force) -> None:
 def test_merge_reads_only_written_partials(kernels, force, monkeypatch: pytest.MonkeyPatch) -> None:
     # A NaN-filled workspace: any partial the merge reads without the split kernel having written
     # it (an empty segment's acc, a padding row) turns the output NaN.
-    allocate = kernels._split_workspace
+    allocate = kernels.split_workspace
 
     def poisoned(*args):
         return tuple(t.fill_(float("nan")) for t in allocate(*args))
-    monkeypatch.setattr(kernels, "_split_workspace", poisoned)
+    monkeypatch.setattr(kernels, "split_workspace", poisoned)
     force(5)
     b = make_batch(MIXED, 4, 2, 32, seed=8)
     limit = b.num_queries - 2
@@ -149,13 +164,13 @@ def test_workspace_budget_caps_the_split_count(kernels, force, monkeypatch: pyte
     force(5)
     b = make_batch(DECODES, 4, 2, 32, seed=12)
     bytes_per_split = b.query.shape[0] * 4 * (32 + 2) * 4  # T x Hq x (D + 2) float32
-    monkeypatch.setattr(kernels, "SPLIT_WORKSPACE_BUDGET_BYTES", 2 * bytes_per_split + 1)
-    allocate, asked = kernels._split_workspace, []
+    monkeypatch.setattr(planning, "SPLIT_WORKSPACE_BUDGET_BYTES", 2 * bytes_per_split + 1)
+    allocate, asked = kernels.split_workspace, []
 
     def spy(num_tokens, num_heads, num_splits, head_size, device):
         asked.append(num_splits)
         return allocate(num_tokens, num_heads, num_splits, head_size, device)
-    monkeypatch.setattr(kernels, "_split_workspace", spy)
+    monkeypatch.setattr(kernels, "split_workspace", spy)
     run_split(kernels, b)
     assert asked == [2]
     assert_rows(b.output, expected_of(b), b.num_queries, 1e-3)
@@ -193,10 +208,10 @@ def test_capture_like_call_uses_table_width_and_replays_correctly(kernels, force
     """vLLM captures a decode graph with seq_lens of 1 and replays it with real lengths, and the
     hint may be absent. The real rule (with a pretend 16-SM GPU) must pick the same split count
     for both calls, from the table width, and the 'replay' must still match torch."""
-    rule = kernels.choose_num_splits
+    rule = planning.choose_num_splits
     force(1)  # small tiles; the split count goes back to the real rule just below
-    monkeypatch.setattr(kernels, "choose_num_splits", _recording(rule, seen := []))
-    monkeypatch.setattr(kernels, "num_sms", lambda device: 16)
+    monkeypatch.setattr(planning, "choose_num_splits", _recording(rule, seen := []))
+    monkeypatch.setattr(planning, "num_sms", lambda device: 16)
     b = make_batch(DECODES, 4, 2, 32, seed=3)
     real_lens = b.seq_lens.clone()
     b.seq_lens.fill_(1)  # "capture"
@@ -232,17 +247,17 @@ def test_longest_context_prefers_hint_and_bounds_it_by_the_table(kernels, force)
 def test_forced_tiles_get_the_planners_split_count_for_that_shape(kernels, monkeypatch) -> None:
     """The GPU sweeps time shapes through choose_launch_shape(tiles=...): the shape is kept, and
     the split count is the one the planner would give a call that chose that shape itself."""
-    monkeypatch.setattr(kernels, "num_sms", lambda device: 16)  # a GPU small enough to split for
+    monkeypatch.setattr(planning, "num_sms", lambda device: 16)  # a GPU small enough to split for
     b = make_batch(DECODES, 4, 2, 32, seed=6)
     args = (b.query, b.k_cache, b.slot_table, b.query_start_loc, 1, None)
-    own_tiles, own_splits = kernels.choose_launch_shape(*args)
-    assert kernels.choose_launch_shape(*args, tiles=own_tiles) == (own_tiles, own_splits)
+    own_tiles, own_splits = planning.choose_launch_shape(*args)
+    assert planning.choose_launch_shape(*args, tiles=own_tiles) == (own_tiles, own_splits)
     forced = TileConfig(block_m=16, block_n=KV_TILE)
     assert forced != own_tiles
-    tiles, splits = kernels.choose_launch_shape(*args, tiles=forced)
+    tiles, splits = planning.choose_launch_shape(*args, tiles=forced)
     assert tiles == forced and splits > own_splits  # smaller KV tiles: more of them to split
-    monkeypatch.setattr(kernels, "choose_tiles", lambda *_: forced)  # the planner's own pick, now
-    assert kernels.choose_launch_shape(*args) == (forced, splits)
+    monkeypatch.setattr(planning, "choose_tiles", lambda *_: forced)  # the planner's own pick, now
+    assert planning.choose_launch_shape(*args) == (forced, splits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +265,7 @@ def test_forced_tiles_get_the_planners_split_count_for_that_shape(kernels, monke
 
 
 def test_split_rule_on_h200_shapes(kernels) -> None:
-    rule = kernels.choose_num_splits
+    rule = planning.choose_num_splits
     # Hkv=8, decode: programs = batch x 8; KV tiles of 128 tokens (the decode tiles); 132 SMs.
     assert rule(1 * 8, 32768 // 128, 132) == 29  # one near-full wave of 232 programs
     assert rule(1 * 8, 2048 // 128, 132) == 14  # as many splits as the 16 KV tiles allow within 15%
@@ -261,36 +276,45 @@ def test_split_rule_on_h200_shapes(kernels) -> None:
 
 
 def test_tile_choice_on_llama_shapes(kernels) -> None:
-    choose = kernels.choose_tiles
-    # bf16, head 128, GQA 4 (Llama-3-8B): decode gets the H200 sweep's shape, hinted or guessed
-    # from one token per request; prefill and mixed batches get 64x64 tiles.
-    assert choose(8, 8, 4, 128, 2, 1) == TileConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
-    assert choose(8, 8, 4, 128, 2, None) == choose(8, 8, 4, 128, 2, 1)
-    assert choose(300, 4, 4, 128, 2, 150) == TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
+    choose = planning.choose_tiles
+    # bf16, head 128, GQA 4 (Llama-3-8B): a decode-only call gets the H200 sweep's shape; a call
+    # with longer queries, or one whose queries are unknown (a graph capture replays any batch),
+    # gets 64x64 tiles for its long queries and that decode shape for its one-token ones.
+    decode = TileConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
+    assert choose(4, 128, 2, 1) == decode
+    mixed = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, short_block_m=16, short_block_n=128)
+    assert choose(4, 128, 2, 150) == mixed
+    assert choose(4, 128, 2, None) == mixed
     # Head 256 decode: not the measured shape; the shared-memory estimate halves the KV tile.
-    assert choose(8, 8, 4, 256, 2, 1) == TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2)
+    assert choose(4, 256, 2, 1) == TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=2)
+    assert choose(4, 256, 2, 2) == TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=2,
+                                              short_block_m=16, short_block_n=64)
 
 
-@given(st.integers(1, 4096), st.integers(1, 512), st.sampled_from([1, 2, 4, 5, 8, 16, 32]),
-       st.sampled_from([16, 32, 64, 128, 256]), st.sampled_from([2, 4]),
-       st.one_of(st.none(), st.integers(1, 4096)))
-def test_tile_choice_bounds(kernels, tokens, requests, group, head_pad, itemsize, max_query_len) -> None:
-    t = kernels.choose_tiles(tokens, requests, group, head_pad, itemsize, max_query_len)
-    # tl.dot needs 16 rows and 16 columns at least; a program holds whole GQA groups.
-    assert t.block_m >= max(16, group) and t.block_m & (t.block_m - 1) == 0
-    assert 16 <= t.block_n <= 128 and t.block_n & (t.block_n - 1) == 0
-    # K/V stages stay within the shared-memory estimate's budget for their kind of tile (the
-    # smallest KV tile is taken whatever it costs).
-    if itemsize == 2:
-        budget = DECODE_KV_STAGE_BUDGET_BYTES if t.block_m == 16 else KV_STAGE_BUDGET_BYTES
-        assert t.num_stages * 2 * t.block_n * head_pad * itemsize <= budget or t.block_n == 16
-        if t.block_n < 128:
-            assert t.num_stages * 2 * t.block_n * head_pad * itemsize <= 160 * 1024 or t.block_n == 16
+@given(st.sampled_from([1, 2, 4, 5, 8, 16, 32]), st.sampled_from([16, 32, 64, 128, 256]),
+       st.sampled_from([2, 4]), st.one_of(st.none(), st.integers(1, 4096)))
+def test_tile_choice_bounds(kernels, group, head_pad, itemsize, max_query_len) -> None:
+    t = planning.choose_tiles(group, head_pad, itemsize, max_query_len)
+    shapes = [(t.block_m, t.block_n)] + ([(t.short_block_m, t.short_block_n)] if t.short_block_m else [])
+    for block_m, block_n in shapes:
+        # tl.dot needs 16 rows and 16 columns at least; a program holds whole GQA groups.
+        assert block_m >= max(16, group) and block_m & (block_m - 1) == 0
+        assert 16 <= block_n <= 128 and block_n & (block_n - 1) == 0
+        # K/V stages stay within the shared-memory estimate's budget for their kind of tile (the
+        # smallest KV tile is taken whatever it costs).
+        if itemsize == 2:
+            budget = DECODE_KV_STAGE_BUDGET_BYTES if block_m == 16 else KV_STAGE_BUDGET_BYTES
+            assert t.num_stages * 2 * block_n * head_pad * itemsize <= budget or block_n == 16
+            if block_n < 128:
+                assert t.num_stages * 2 * block_n * head_pad * itemsize <= 160 * 1024 or block_n == 16
+    if t.short_block_m:  # a short query fits the long queries' tile too: the mixed plan's grid
+        assert t.short_block_m <= t.block_m
+    assert bool(t.short_block_m) == (itemsize == 2 and (max_query_len is None or max_query_len > 1))
 
 
 @given(st.integers(1, 4096), st.integers(1, 4096), st.integers(1, 200))
 def test_split_rule_bounds(kernels, num_programs: int, num_kv_tiles: int, num_sms: int) -> None:
-    splits = kernels.choose_num_splits(num_programs, num_kv_tiles, num_sms)
+    splits = planning.choose_num_splits(num_programs, num_kv_tiles, num_sms)
     assert 1 <= splits <= max(1, min(64, num_kv_tiles))
     slots = 2 * num_sms
     if num_programs >= slots:
@@ -303,7 +327,7 @@ def test_split_rule_bounds(kernels, num_programs: int, num_kv_tiles: int, num_sm
 def test_workspace_partials_are_16_byte_aligned_and_disjoint(kernels, tokens, heads, splits) -> None:
     # Triton specializes a pointer on 16-byte alignment: an odd T*Hq*S must not move the partials
     # (that would compile another kernel variant mid-serving, which the warm-up cannot foresee).
-    acc, maxes, sums = kernels._split_workspace(tokens, heads, splits, 32, torch.device(DEVICE))
+    acc, maxes, sums = kernels.split_workspace(tokens, heads, splits, 32, torch.device(DEVICE))
     assert acc.shape == (tokens, heads, splits, 32)
     assert maxes.shape == sums.shape == (tokens, heads, splits)
     for t in (acc, maxes, sums):

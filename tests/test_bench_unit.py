@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from proxima.bench import report
 from proxima.bench import workload as wl
-from proxima.bench.client import FAILED, OK, RequestResult
 from proxima.bench.results import (
     CONCURRENCY,
     RATE,
@@ -30,10 +29,11 @@ from proxima.bench.results import (
     to_csv,
     verdict,
 )
-from proxima.bench.sampler import Sample
+from proxima.bench.results import TimelinePoint as Sample
 from proxima.bench.sweep import SweepParams, _LevelState
 from proxima.cli.main import app
-from proxima.launcher import free_port
+from proxima.load import FAILED, OK, RequestResult
+from proxima.server_process import free_port
 
 runner = CliRunner()
 
@@ -303,3 +303,26 @@ def test_multi_turn_conversations_fit_the_context_whole():
     for r in work.requests:
         body = r.prompt_tokens - wl.SHAPES["multi-turn"].shared_prefix_tokens
         assert 200 + 4 * (body + r.max_tokens) < 512
+
+
+def test_a_signal_while_results_are_written_waits_until_they_are_complete():
+    """Real signals to this process: while measuring, SIGTERM interrupts as Ctrl-C does; once the
+    results are being written, SIGTERM and SIGINT are held, not raised; the handlers before the
+    run are back afterwards."""
+    import os
+    import signal
+    import time
+
+    from proxima.cli.bench import _BenchSignals
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with _BenchSignals() as signals:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises at once; the sleep only bounds a late delivery
+        signals.hold()
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        written = "still here"
+    assert written == "still here" and signals.late == [signal.SIGTERM, signal.SIGINT]
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

@@ -21,8 +21,8 @@ if str(ROOT) not in sys.path:
 
 pytest.importorskip("grafana_foundation_sdk", reason="pip install grafana-foundation-sdk (test extra)")
 
-from dashboards import generate, panels, promql
-from proxima.metrics import catalog as c
+from dashboards import generate, panels, promql  # noqa: E402 (after the sys.path set-up above)
+from proxima.metrics import catalog as c  # noqa: E402
 
 GRAFANA = ROOT / "dashboards" / "grafana"
 DASHBOARD_FILES = ("proxima-kv-memory.json", "proxima-serving.json", "proxima-ab.json")

@@ -18,10 +18,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
-from proxima.probes.runner import CHECKS
 
-from proxima.launcher import ManagedServer, ServerSpec, free_port
+from proxima.probes.runner import CHECKS
 from proxima.scrape import scrape_sync
+from proxima.server_process import ManagedServer, ServerSpec, free_port
 from tests.conftest import SERVER_ARGS
 
 WINDOW = "3"
@@ -153,22 +153,27 @@ def test_healthy_proxima_server_passes(proxima_server, fault_servers):
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["ctrl-c", "sigterm"])
 def test_interrupted_doctor_leaves_no_load(proxima_server, sig, code):
     # A shell without job control starts background children with SIGINT ignored, and Python
     # keeps it ignored; restore Python's own handler (what an interactive Ctrl-C meets).
     launch = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
               "sys.argv[0] = 'proxima'; from proxima.cli.main import app; app()")
     proc = subprocess.Popen(
-        [sys.executable, "-c", launch, "doctor", proxima_server.url, "--checks", "bottleneck", "--window", "60"],
+        [sys.executable, "-c", launch, "doctor", proxima_server.url, "--checks", "bottleneck",
+         "--window", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         start = scrape_sync(proxima_server.url).prompt_tokens_total
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and scrape_sync(proxima_server.url).prompt_tokens_total < start + 500:
+        def prompt_tokens() -> float:
+            return scrape_sync(proxima_server.url).prompt_tokens_total
+
+        while time.monotonic() < deadline and prompt_tokens() < start + 500:
             time.sleep(0.2)
-        assert scrape_sync(proxima_server.url).prompt_tokens_total >= start + 500, "the doctor's load never started"
+        assert prompt_tokens() >= start + 500, "the doctor's load never started"
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -75,7 +75,8 @@ def test_prometheus_samples_equal_the_stats(run):
         expected_frag = (used - live) / used if used else 0.0
         assert prom["proxima_kv_fragmentation_ratio"] == pytest.approx(expected_frag)
         ref = stats["reference_block_slots"]
-        assert prom["proxima_kv_block_fragmentation_ratio"] == pytest.approx((ref - live) / ref if ref else 0.0)
+        expected = (ref - live) / ref if ref else 0.0
+        assert prom["proxima_kv_block_fragmentation_ratio"] == pytest.approx(expected)
         assert prom["proxima_kv_bytes_per_token"] == 1024
         assert prom["proxima_kv_cache_bytes"] >= total * 1024
 

@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from proxima.launcher import ManagedServer, ServerSpec
 from proxima.metrics import catalog as c
 from proxima.metrics.otel import SPAN_NAME
+from proxima.server_process import ManagedServer, ServerSpec
 from tests.conftest import SERVER_ARGS
 from tests.otlp_receiver import OtlpReceiver
 
@@ -55,7 +55,8 @@ def test_metrics_and_request_spans_reach_an_otlp_receiver(tiny_model, server_log
                 assert r.status_code == 200, r.text
                 usages.append(r.json()["usage"])
             assert _wait_for(lambda: len(receiver.spans(SPAN_NAME)) >= 3), "no request spans received"
-            assert _wait_for(lambda: any(p.as_double or p.as_int for p in receiver.gauge_points(c.SLOTS_TOTAL.name)))
+            assert _wait_for(lambda: any(p.as_double or p.as_int
+                                         for p in receiver.gauge_points(c.SLOTS_TOTAL.name)))
             # An export after the engine's idle publish (the requests may all finish between two
             # exports, and a server stopped at once may not flush): nothing held any more.
             assert _wait_for(lambda: _last_value(receiver.gauge_points(c.SLOTS_USED.name)) == 0)

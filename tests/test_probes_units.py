@@ -7,18 +7,18 @@ import math
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+
+from proxima.cli.doctor import render
+from proxima.load import Completion, make_prompt
 from proxima.probes import runner
 from proxima.probes.adoption import estimate_block_waste
 from proxima.probes.base import ProbeResult, Status
 from proxima.probes.determinism import compare_runs, first_divergence
 from proxima.probes.environment import local_versions
-from proxima.probes.load import Completion, make_prompt
 from proxima.probes.oom_risk import RampStep
-from proxima.probes.sampling import linear_trend
+from proxima.probes.trend import linear_trend
 from proxima.scrape import parse_metrics
-from rich.console import Console
-
-from proxima.cli.doctor import render
 
 
 def test_linear_trend_recovers_slope_and_bounds_it():
@@ -189,3 +189,28 @@ def test_kv_cache_dtype_is_read_from_vllms_cache_config_and_shown_by_top():
     assert fp8.kv_cache_dtype == "fp8_e4m3"
     lines = "\n".join(line.plain for line in kv_lines(_figures(fp8, None, None), 120))
     assert "KV fp8_e4m3, 1,024 B/token" in lines or "KV fp8_e4m3, 1024 B/token" in lines
+
+
+def test_probe_steps_judge_and_advise_plain_readings():
+    import asyncio
+
+    from proxima.probes import allocator, bottleneck
+    from proxima.probes.base import Unmeasured, run_steps
+    from proxima.scrape import KVSnapshot
+
+    kv = KVSnapshot("token", 1, 100, 60, 30, 0, 50, 0.5, 0.6, 0.1, 0.2, (), 10, 1024, 1 << 20, 3, 0)
+    broken = allocator.Readings(kv, 0.001, 0.01, {"slots_total": 100})
+    verdict = allocator.judge(broken)
+    assert verdict.status is Status.FAIL and verdict.runbook == "runbooks/memory-leak.md"
+    assert allocator.advise(broken, verdict)[0].startswith("restart the server")
+
+    memory = bottleneck.Readings(1.1, 0.95, 0.0, 20.0, None, False, {})
+    verdict = bottleneck.judge(memory)
+    assert verdict.status is Status.WARN and verdict.runbook == bottleneck.RUNBOOK_MEMORY
+    assert "token slots help here" in verdict.summary and bottleneck.advise(memory, verdict)
+
+    async def nothing(ctx):
+        raise Unmeasured(Status.SKIP, "nothing to see")
+
+    result = asyncio.run(run_steps("x", "runbooks/x.md", None, nothing, allocator.judge, allocator.advise))
+    assert result == ProbeResult("x", Status.SKIP, "nothing to see", {}, "runbooks/x.md")

@@ -36,10 +36,10 @@ if str(ROOT) not in sys.path:
 
 pytest.importorskip("grafana_foundation_sdk", reason="pip install grafana-foundation-sdk (test extra)")
 
-from dashboards import alerts, panels, promql
-from proxima.launcher import free_port
-from proxima.metrics import catalog as c
-from proxima.scrape import scrape_sync
+from dashboards import alerts, panels, promql  # noqa: E402 (after the sys.path set-up above)
+from proxima.metrics import catalog as c  # noqa: E402
+from proxima.scrape import scrape_sync  # noqa: E402
+from proxima.server_process import free_port  # noqa: E402
 
 pytestmark = [
     pytest.mark.engine,
@@ -117,6 +117,21 @@ def _wait_scraped(url: str, instances: list[str], timeout: float = 30.0) -> None
     raise RuntimeError(f"prometheus did not scrape {instances} within {timeout:.0f}s")
 
 
+def _wait_counted(url: str, finished: dict[str, float], timeout: float = 60.0) -> None:
+    """Until Prometheus's latest sample of each instance's finished requests is the server's own."""
+    deadline = time.monotonic() + timeout
+    query = f"sum by (instance) ({c.Vllm.REQUEST_SUCCESS})"
+    seen: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        result = httpx.get(f"{url}/api/v1/query", params={"query": query}, timeout=5).json()
+        seen = {r["metric"]["instance"]: float(r["value"][1]) for r in result["data"]["result"]}
+        if all(seen.get(i, 0.0) >= n for i, n in finished.items()):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"prometheus did not scrape the finished requests within {timeout:.0f}s: "
+                       f"has {seen}, servers {finished}")
+
+
 async def _drive(servers: list[str], model: str) -> dict[str, int]:
     """Completions against every server until TRAFFIC_S passes (bounded in count and time)."""
     sent = {url: 0 for url in servers}
@@ -156,8 +171,12 @@ def scraped(proxima_server, stock_server, tiny_model, tmp_path_factory):
         _wait_scraped(url, instances)
         done = asyncio.run(_drive([proxima_server.url, stock_server.url], tiny_model))
         assert all(n > 0 for n in done.values()), done
+        # Evaluate once Prometheus holds every finished request: on two loaded cores a scrape of a
+        # busy server can pass its 1 s timeout, so the last sample may come well after the traffic.
+        _wait_counted(url, {i: scrape_sync(s.url).requests_finished_total
+                            for i, s in zip(instances, (proxima_server, stock_server), strict=True)})
         at = time.time()
-        time.sleep(2.5)  # the scrape after the last request, and one rule evaluation
+        time.sleep(1.5)  # one more scrape and rule evaluation at or after `at`
         logger.info("prometheus up, scraped and driven in %.1f s; requests %s",
                     time.monotonic() - started, done)
         yield Scraped(url, instances[0], instances[1], tiny_model, at)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxima.engine.launch import FULL_CUDA_GRAPHS, build_serve_command
 from proxima.engine.settings import ProximaConfigError
+from proxima.serve_command import FULL_CUDA_GRAPHS, build_serve_command
 
 
 def _argv(allocator: str, args: list[str], cuda: bool) -> list[str]:

@@ -11,9 +11,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from proxima.engine import kv_stats
+from proxima.engine import kv_sources
 from proxima.engine.slot_allocator import SlotAllocator
 from proxima.engine.slot_table import RequestSlotTable
+from proxima.metrics.kv_stats import KVStats
 
 
 def test_fresh_allocator_hands_out_ascending_contiguous_slots():
@@ -104,18 +105,18 @@ def test_slot_table_grows_and_pops_in_token_order():
 
 def test_kv_stats_fragmentation_and_block_arithmetic():
     live = np.array([1, 16, 17, 40])
-    assert kv_stats.block_slots(live, 16) == (1 + 1 + 2 + 3) * 16
-    stats = kv_stats.KVStats(
+    assert kv_sources.block_slots(live, 16) == (1 + 1 + 2 + 3) * 16
+    stats = KVStats(
         allocator="token", granularity=1, slots_total=1000, slots_used=74, slots_cached=0,
         live_tokens=74, num_requests=4, reference_block=16,
-        reference_block_slots=kv_stats.block_slots(live, 16), occupancy=(), largest_free_run=0,
+        reference_block_slots=kv_sources.block_slots(live, 16), occupancy=(), largest_free_run=0,
     )
     assert stats.fragmentation == 0.0
     assert stats.block_fragmentation == pytest.approx((112 - 74) / 112)
     occ = np.zeros(8, dtype=bool)
     occ[[0, 1, 5]] = True
-    assert kv_stats.downsample_occupancy(occ, 4) == (1.0, 0.0, 0.5, 0.0)
-    assert kv_stats.largest_free_run(occ) == 3
+    assert kv_sources.downsample_occupancy(occ, 4) == (1.0, 0.0, 0.5, 0.0)
+    assert kv_sources.largest_free_run(occ) == 3
 
 
 class AllocatorAgainstModel(RuleBasedStateMachine):

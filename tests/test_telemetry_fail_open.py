@@ -14,13 +14,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxima.engine.kv_stats import KVStats
-from proxima.launcher import ManagedServer, ServerSpec
 from proxima.metrics import catalog as c
+from proxima.metrics.kv_stats import KVStats
 from proxima.metrics.prometheus import PrometheusKVExporter
 from proxima.metrics.sink import FailOpenSinks
 from proxima.metrics.sink import logger as sink_logger
 from proxima.scrape import parse_metrics
+from proxima.server_process import ManagedServer, ServerSpec
 from tests.conftest import SERVER_ARGS
 
 STATS = KVStats(allocator="token", granularity=1, slots_total=64, slots_used=10, slots_cached=0,

@@ -16,7 +16,7 @@ from proxima.tui.app import TopApp
 from proxima.tui.collector import Collector
 from proxima.tui.help import HelpScreen
 from proxima.tui.record import Recorder, load_recording
-from proxima.tui.testing import MetricsServer, screen_text
+from tests.top_support import MetricsServer, screen_text
 
 DATA = Path(__file__).parent / "data" / "top"
 PROXIMA_TEXT = (DATA / "proxima_metrics.txt").read_text()

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from proxima import fmt
 from proxima.cli.main import app
 from proxima.scrape import parse_metrics
-from proxima.tui import fmt
 from proxima.tui.record import load_recording
-from proxima.tui.testing import MetricsServer
+from tests.top_support import MetricsServer
 
 DATA = Path(__file__).parent / "data" / "top"
 runner = CliRunner()

@@ -11,12 +11,12 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from proxima import fmt
 from proxima.cli.main import app as cli
 from proxima.scrape import ServerSnapshot, scrape_sync
-from proxima.tui import fmt
 from proxima.tui.app import TopApp
 from proxima.tui.collector import Collector
-from proxima.tui.testing import screen_text
+from tests.top_support import screen_text
 
 pytestmark = pytest.mark.engine
 

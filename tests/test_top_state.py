@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxima import fmt
 from proxima.scrape import ServerSnapshot, parse_metrics, rate
-from proxima.tui import fmt, render
+from proxima.tui import render
 from proxima.tui.model import Frame, Settings
 from proxima.tui.plain import render_plain
 from proxima.tui.record import load_recording

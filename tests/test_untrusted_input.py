@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from proxima.bench.launch import LaunchPlan, _server
+from proxima.bench.plan import LaunchPlan
+from proxima.bench.servers import _server
 from proxima.cli.main import app
 from proxima.scrape import scrape, scrape_sync
 from proxima.tui.collector import Collector
-from proxima.tui.testing import MetricsServer
 from tests.standin_servers import StandInServer, json_body
+from tests.top_support import MetricsServer
 
 DATA = Path(__file__).parent / "data" / "top"
 PROXIMA_TEXT = (DATA / "proxima_metrics.txt").read_text()

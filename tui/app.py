@@ -27,7 +27,8 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Footer
 
-from proxima.tui import fmt, render
+from proxima import fmt
+from proxima.tui import render
 from proxima.tui.collector import Collector, scrape_timeout
 from proxima.tui.help import HelpScreen
 from proxima.tui.model import Frame, Settings

@@ -1,13 +1,16 @@
-"""Collection: one tick scrapes every server and reads the GPUs into an immutable `Frame`.
+"""Collection for `top`: one tick reads every server and, for servers on this host, the GPUs,
+into an immutable `Frame`.
 
-Layer: I/O only, no rendering (nvitop's split between its `api/` and `tui/`). The app calls
-`Collector.collect()` from a Textual worker on a timer and folds the frame into its
-`DashboardState` when the worker's message arrives; `--once` and the benchmark call it directly.
-Nothing here raises for a server that is down (`scrape` returns `ok=False`) or a missing GPU
-(`read_gpus` returns `()`): a dashboard shows failures, it does not die of them.
+Layer: I/O only, no rendering (nvitop's split between its `api/` and `tui/`). The reading itself
+is `proxima.sampling.read_servers`, the tools' one collector; this module owns the dashboard's
+HTTP client and the Frame. The app calls `Collector.collect()` from a Textual worker on a timer
+and folds the frame into its `DashboardState` when the worker's message arrives; `--once` and
+the benchmark call it directly. Nothing here raises for a server that is down (its snapshot has
+`ok=False`) or a missing GPU (`read_gpus` returns `()`): a dashboard shows failures, it does not
+die of them.
 
-GPU readings are taken only when a watched server is on this host: NVML sees this machine's GPUs,
-which say nothing about a remote server.
+GPU readings are taken only when a watched server is on this host (`proxima.hosts`): NVML sees
+this machine's GPUs, which say nothing about a remote server.
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
-from proxima.fetch import is_local, normalize_url  # noqa: F401 (the tools' URL rules, re-exported)
 from proxima.gpu import GpuSnapshot, read_gpus
-from proxima.scrape import ServerSnapshot, scrape
+from proxima.hosts import is_this_host
+from proxima.sampling import SCRAPE_TIMEOUT_S, read_servers
 from proxima.tui.model import Frame
+
 
 def scrape_timeout(interval_s: float) -> float:
     """Long enough for a busy server's /metrics, short enough that a hung one cannot stall ticks."""
-    return min(5.0, max(2.0, 2.0 * interval_s))
+    return min(SCRAPE_TIMEOUT_S, max(2.0, 2.0 * interval_s))
 
 
 class Collector:
@@ -34,24 +38,18 @@ class Collector:
     def __init__(self, urls: Sequence[str], gpu_reader: Callable[[], tuple[GpuSnapshot, ...]] = read_gpus,
                  clock: Callable[[], float] = time.time) -> None:
         self.urls = tuple(urls)
-        self.read_gpus_here = any(is_local(u) for u in self.urls)
+        self.read_gpus_here = any(is_this_host(u) for u in self.urls)
         self._gpu_reader = gpu_reader
         self._clock = clock
         self._client: httpx.AsyncClient | None = None
 
-    async def collect(self, timeout: float = 5.0) -> Frame:
+    async def collect(self, timeout: float = SCRAPE_TIMEOUT_S) -> Frame:
         if self._client is None:
             self._client = httpx.AsyncClient()
         taken_at = self._clock()
-        found = await asyncio.gather(*(scrape(self._client, u, timeout) for u in self.urls),
-                                     return_exceptions=True)
-        # scrape never raises; should it ever, that server is down, and the others still show.
-        snapshots = [s if isinstance(s, ServerSnapshot) else
-                     ServerSnapshot(url=u, taken_at=taken_at, ok=False, error=f"{type(s).__name__}: {s}")
-                     for u, s in zip(self.urls, found)]
-        # NVML calls block; a thread keeps the event loop (and the UI) responsive meanwhile.
-        gpus = await asyncio.to_thread(self._gpu_reader) if self.read_gpus_here else None
-        return Frame(taken_at, tuple(snapshots), gpus)
+        snapshots, gpus = await read_servers(self._client, self.urls, timeout,
+                                             self._gpu_reader if self.read_gpus_here else None)
+        return Frame(taken_at, snapshots, gpus)
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -3,7 +3,8 @@
 Layer: pure data, no I/O, no Textual. `Frame` is one collection tick (each server's
 `ServerSnapshot`, the GPU readings, the time): the unit that is recorded and replayed.
 `ServerView` and `Point` are derived from frames by `views.py` (a view's `kv` is the server's own
-`KVSnapshot`, its allocator latencies narrowed to the window); `state.py` folds frames into a
+`KVSnapshot`, its allocator latencies narrowed to the window; the aggregate's, the servers'
+combined by `KVSnapshot.combine`); `state.py` folds frames into a
 `DashboardState`. All are frozen: a panel can never see a half-updated picture.
 """
 
@@ -15,9 +16,10 @@ from proxima.gpu import GpuSnapshot
 from proxima.metrics import catalog
 from proxima.scrape import HistogramSnapshot, KVSnapshot, ServerSnapshot
 
-# Occupancy thresholds for colour: warn early, call it danger when requests are already queueing.
-WARN_USAGE = 0.85
-DANGER_USAGE = catalog.KV_DANGER_USAGE  # the exhaustion alert's threshold too
+# Occupancy thresholds for colour (the catalog's): warn early, danger where the exhaustion alert
+# fires and the doctor calls a queue "queueing for a full KV cache".
+WARN_USAGE = catalog.KV_WARN_USAGE
+DANGER_USAGE = catalog.KV_DANGER_USAGE
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ from typing import Any
 from rich.text import Text
 from textual.widget import Widget
 
-from proxima.tui import fmt, render
+from proxima import fmt
+from proxima.tui import render
 from proxima.tui.model import ServerView
 from proxima.tui.state import DashboardState
 

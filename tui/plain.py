@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from proxima.tui import fmt, render
+from proxima import fmt
+from proxima.tui import render
 from proxima.tui.state import DashboardState
 
 

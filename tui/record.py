@@ -13,28 +13,30 @@ is useful up to the moment the monitor (or the machine) died. For the same reaso
 forgives one thing: a last line without its newline that does not parse (the write the crash
 interrupted) is dropped and reported. Anything else malformed is an error naming the line.
 
-The loader rebuilds the frozen dataclasses from their field annotations, so a field added to a
-snapshot is recorded and replayed without a change here; unknown keys (a newer writer) are ignored.
+The loader rebuilds the frozen dataclasses from their field annotations (`typing.get_type_hints`),
+so a field added to a snapshot is recorded and replayed without a change here; unknown keys (a
+newer writer) are ignored.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
+import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, Union, get_args, get_origin, get_type_hints
 
 from proxima.gpu import GpuSnapshot
-from proxima.scrape import HistogramSnapshot, KVSnapshot, ServerSnapshot
+from proxima.scrape import ServerSnapshot
 from proxima.tui.model import Frame
 
 FORMAT = "proxima-top-recording"
 VERSION = 1
-_DATACLASSES = {cls.__name__: cls for cls in (ServerSnapshot, HistogramSnapshot, KVSnapshot, GpuSnapshot)}
 _NON_FINITE = {"+Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
 
 
@@ -129,25 +131,20 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _split_top(text: str, sep: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += ch == "["
-        depth -= ch == "]"
-        if depth == 0 and text.startswith(sep, i):
-            parts.append(text[start:i].strip())
-            start = i + len(sep)
-    parts.append(text[start:].strip())
-    return parts
+def _type_name(ann: Any) -> str:
+    return ann.__name__ if isinstance(ann, type) and not get_args(ann) else str(ann)
 
 
-def _decode(ann: str, value: Any, where: str) -> Any:
-    options = _split_top(ann, "|")
-    if len(options) > 1:
-        if value is None and "None" in options:
+def _decode(ann: Any, value: Any, where: str) -> Any:
+    """`value` as the annotated type `ann` (resolved by `typing.get_type_hints`), or _Bad naming
+    the field; the JSON side is only what `_encode` writes."""
+    if get_origin(ann) in (Union, types.UnionType):
+        options = get_args(ann)
+        if value is None and type(None) in options:
             return None
-        (ann,) = [o for o in options if o != "None"]
-    if ann == "float":
+        (ann,) = [o for o in options if o is not type(None)]
+    origin, args = get_origin(ann), get_args(ann)
+    if ann is float:
         if isinstance(value, str) and value in _NON_FINITE:
             return _NON_FINITE[value]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -156,7 +153,7 @@ def _decode(ann: str, value: Any, where: str) -> Any:
             except OverflowError:
                 raise _Bad(f"{where}: number too large ({len(str(value))} digits)") from None
         raise _Bad(f"{where}: expected a number, got {_short(value)}")
-    if ann == "int":
+    if ann is int:
         if isinstance(value, int) and not isinstance(value, bool):
             if abs(value) >= 1 << 63:
                 raise _Bad(f"{where}: integer too large ({len(str(value))} digits)")
@@ -164,28 +161,32 @@ def _decode(ann: str, value: Any, where: str) -> Any:
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise _Bad(f"{where}: expected an integer, got {_short(value)}")
-    if ann in ("str", "bool"):
-        if type(value) is not (str if ann == "str" else bool):
-            wanted = "a string" if ann == "str" else "true/false"
+    if ann in (str, bool):
+        if type(value) is not ann:
+            wanted = "a string" if ann is str else "true/false"
             raise _Bad(f"{where}: expected {wanted}, got {_short(value)}")
         return value
-    if ann in _DATACLASSES:
-        return build(_DATACLASSES[ann], value, where)
-    if ann.startswith("tuple[") and ann.endswith("]"):
-        args = _split_top(ann[6:-1], ",")
+    if isinstance(ann, type) and dataclasses.is_dataclass(ann):
+        return build(ann, value, where)
+    if origin is tuple:
         if not isinstance(value, list):
             raise _Bad(f"{where}: expected a list, got {_short(value)}")
-        if len(args) == 2 and args[1] == "...":
+        if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_decode(args[0], v, f"{where}[{k}]") for k, v in enumerate(value))
         if len(value) != len(args):
             raise _Bad(f"{where}: expected {len(args)} items, got {len(value)}")
         return tuple(_decode(a, v, f"{where}[{k}]") for k, (a, v) in enumerate(zip(args, value)))
-    if ann.startswith("dict[str,") and ann.endswith("]"):
+    if origin is dict and args[:1] == (str,):
         if not isinstance(value, dict):
             raise _Bad(f"{where}: expected an object, got {_short(value)}")
-        inner = ann[len("dict[str,"):-1].strip()
-        return {k: _decode(inner, v, f"{where}.{k}") for k, v in value.items()}
-    raise _Bad(f"{where}: this version cannot read a field of type {ann}")
+        return {k: _decode(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    raise _Bad(f"{where}: this version cannot read a field of type {_type_name(ann)}")
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """A snapshot class's field annotations as types (they are strings under PEP 563)."""
+    return get_type_hints(cls)
 
 
 def build(cls: type, data: Any, where: str = "") -> Any:
@@ -199,7 +200,7 @@ def build(cls: type, data: Any, where: str = "") -> Any:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise _Bad(f"{path}: missing")
             continue
-        kwargs[f.name] = _decode(str(f.type), data[f.name], path)
+        kwargs[f.name] = _decode(_field_types(cls)[f.name], data[f.name], path)
     return cls(**kwargs)
 
 
@@ -213,7 +214,7 @@ def _loads(text: str) -> Any:
 
 
 def _finite_time(value: Any, where: str) -> float:
-    t = _decode("float", value, where)
+    t = _decode(float, value, where)
     if not math.isfinite(t):
         raise _Bad(f"{where}: a time must be a finite number, got {value!r}")
     return t
@@ -223,10 +224,10 @@ def frame_from_line(text: str, num_servers: int) -> Frame:
     data = _loads(text)
     if not isinstance(data, dict) or "t" not in data or "servers" not in data:
         raise _Bad('expected a frame object with "t" and "servers"')
-    servers = _decode("tuple[ServerSnapshot, ...]", data["servers"], "servers")
+    servers = _decode(tuple[ServerSnapshot, ...], data["servers"], "servers")
     if len(servers) != num_servers:
         raise _Bad(f"servers: {len(servers)} snapshots, the header names {num_servers} URLs")
-    gpus = _decode("tuple[GpuSnapshot, ...] | None", data.get("gpus"), "gpus")
+    gpus = _decode(tuple[GpuSnapshot, ...] | None, data.get("gpus"), "gpus")
     return Frame(_finite_time(data["t"], "t"), servers, gpus)
 
 
@@ -258,7 +259,7 @@ def load_recording(path: str | os.PathLike) -> Recording:
     if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
         raise RecordingError(f'{name}, line 1: "urls" must be a non-empty list of strings')
     try:
-        interval = _decode("float", header.get("interval_s", 0.5), "interval_s")
+        interval = _decode(float, header.get("interval_s", 0.5), "interval_s")
         started = _finite_time(header.get("started_at", 0.0), "started_at")
     except (_Bad, OverflowError) as err:
         raise RecordingError(f"{name}, line 1: {err}") from None

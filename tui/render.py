@@ -12,8 +12,8 @@ from functools import lru_cache
 from rich.style import Style
 from rich.text import Text
 
+from proxima import fmt
 from proxima.metrics import catalog
-from proxima.tui import fmt
 from proxima.scrape import KVSnapshot
 from proxima.tui.model import DANGER_USAGE, WARN_USAGE, Point, ServerView
 
@@ -136,7 +136,8 @@ def kv_lines(view: ServerView, width: int) -> list[Text]:
 
 def _headroom(view: ServerView) -> list[tuple[str, str] | str]:
     if view.headroom_requests is None or view.typical_request_tokens is None:
-        return [("–", DIM), (" (no request size known yet: none running or finished in the window)", DIM)]
+        return [(fmt.NONE_YET, DIM),
+                (" (no request size known yet: none running or finished in the window)", DIM)]
     style = "red" if view.headroom_requests < 1 else "yellow" if view.headroom_requests < 4 else "green"
     return [(f"~{view.headroom_requests:,.0f}", style),
             f" more requests of {view.typical_request_tokens:,.0f} tokens (mean running size)"]
@@ -211,9 +212,9 @@ def serving_lines(view: ServerView) -> list[Text]:
 
 def gpu_lines(gpus, width: int) -> list[Text]:
     if gpus is None:
-        return [Text("N/A: no watched server is on this host (GPU readings are local only)", style=DIM)]
+        return [Text(f"{fmt.NA}: no watched server is on this host (GPU readings are local only)", style=DIM)]
     if not gpus:
-        return [Text("N/A: no GPU readable through NVML on this host", style=DIM)]
+        return [Text(f"{fmt.NA}: no GPU readable through NVML on this host", style=DIM)]
     lines = []
     for g in gpus:
         frac = g.memory_fraction
@@ -314,7 +315,7 @@ _TABLE = ((" server", 22, "<"), ("engine", 11, "<"), ("state", 6, "<"), ("run", 
 def _cells(view: ServerView, label: str) -> list[tuple[str, str]]:
     state = ("up", "green") if view.ok else (("stale", "red") if view.stale else ("DOWN", "bold red"))
     allocator = view.kv.allocator if view.kv else "?"
-    kind = {"proxima": f"{allocator} slots", "stock": "stock vLLM"}.get(view.kind, "–")
+    kind = {"proxima": f"{allocator} slots", "stock": "stock vLLM"}.get(view.kind, fmt.NONE_YET)
     if view.kind == "aggregate":
         kind, state = "", (f"{view.level}", LEVEL_STYLE[view.level])
     usage = view.usage

@@ -4,6 +4,8 @@ Layer: pure functions over immutable frames (no I/O, no Textual, no wall clock).
 two snapshots `Settings.rate_window_s` apart (`scrape.rate`); latency quantiles from histogram
 deltas over `Settings.window_s` (`HistogramSnapshot.since`), so they describe the last minute, not
 the server's whole life. A server that stops answering keeps its last good figures, marked stale.
+KV capacity is `scrape.kv_capacity_tokens`; the all-servers view combines the servers' KV figures
+by the catalog's rules, as the scrape combines a server's engines (`KVSnapshot.combine`).
 """
 
 from __future__ import annotations
@@ -11,16 +13,16 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import replace
 
+from proxima import fmt
 from proxima.metrics import catalog
-from proxima.scrape import (  # noqa: F401 (merge_histograms: re-exported for the views' callers)
+from proxima.scrape import (
     HistogramSnapshot,
     KVSnapshot,
     ServerSnapshot,
-    combine_kv,
+    kv_capacity_tokens,
     merge_histograms,
     rate,
 )
-from proxima.tui import fmt
 from proxima.tui.model import (
     DANGER_USAGE,
     WARN_USAGE,
@@ -67,14 +69,14 @@ def _kv_view(snap: ServerSnapshot, window_base: ServerSnapshot | None) -> KVSnap
 def _figures(snap: ServerSnapshot, rate_base: ServerSnapshot | None,
              window_base: ServerSnapshot | None) -> ServerView:
     kv = _kv_view(snap, window_base)
+    capacity = kv_capacity_tokens(snap)
     if kv is not None:
-        capacity, used, free = kv.slots_total, kv.slots_used, kv.slots_free
-    elif snap.num_gpu_blocks and snap.block_size:
-        capacity = float(snap.num_gpu_blocks * snap.block_size)
+        used, free = kv.slots_used, kv.slots_free
+    elif capacity:
         used = snap.kv_usage * capacity
         free = capacity - used
     else:
-        capacity = used = free = None
+        used = free = None
     typical = _typical_request_tokens(snap, kv, used, window_base)
     return ServerView(
         url=snap.url, kind="proxima" if kv is not None else "stock", ok=True,
@@ -177,13 +179,6 @@ def _sum(values) -> float | None:
     return sum(known) if known else None
 
 
-def _sum_kv(kvs: list[KVSnapshot]) -> KVSnapshot | None:
-    # Servers combine as engines do (scrape.combine_kv); an occupancy map of several servers'
-    # caches laid over each other would mean nothing, so the aggregate view has none.
-    combined = combine_kv(kvs)
-    return None if combined is None else replace(combined, occupancy=())
-
-
 def aggregate_view(views: tuple[ServerView, ...]) -> ServerView:
     """All servers as one: sums of counts and rates, quantiles of the merged histograms."""
     live = [v for v in views if v.ok]
@@ -208,7 +203,7 @@ def aggregate_view(views: tuple[ServerView, ...]) -> ServerView:
         ttft=merge_histograms(v.ttft for v in live), itl=merge_histograms(v.itl for v in live),
         e2e=merge_histograms(v.e2e for v in live),
         window_s=max(windows) if windows else None,
-        kv=_sum_kv([v.kv for v in live if v.kv is not None]),
+        kv=KVSnapshot.combine([v.kv for v in live if v.kv is not None]),
         headroom_requests=_sum(v.headroom_requests for v in live),
         level=worst, alerts=alerts,
     )

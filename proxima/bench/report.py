@@ -9,6 +9,7 @@ when matplotlib is installed. Each file is written through a temporary name.
 from __future__ import annotations
 
 import html
+from functools import partial
 from pathlib import Path
 
 from rich import box
@@ -19,29 +20,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from proxima import fmt
 from proxima.bench import charts
-from proxima.bench.client import OK, RequestResult
 from proxima.bench.results import CONCURRENCY, RATE, BenchResult, LevelResult, to_csv, write_atomic
 from proxima.bench.sweep import Observer, Target
 from proxima.bench.workload import Workload, write_jsonl
+from proxima.load import OK, RequestResult
 
-NA = "N/A"
-
-
-def _ms(seconds: float | None) -> str:
-    return NA if seconds is None else f"{seconds * 1e3:.0f}" if seconds >= 0.1 else f"{seconds * 1e3:.1f}"
-
-
-def _pct(x: float | None) -> str:
-    return NA if x is None else f"{100 * x:.0f}%"
-
-
-def _num(x: float | None, fmt: str = "{:.0f}") -> str:
-    return NA if x is None else fmt.format(x)
-
-
-def _gib(b: int | None) -> str:
-    return NA if b is None else f"{b / 2**30:.1f}"
+# Bench's missing figures are readings not taken here (no NVML, sampling off, a stock server's
+# fragmentation): `fmt.NA`, in the one formatter.
+NA = fmt.NA
+_ms = partial(fmt.ms, missing=NA)
+_pct = partial(fmt.pct, digits=0, missing=NA)
+_num = partial(fmt.number, missing=NA)
+_gib = partial(fmt.gib, missing=NA, unit=False)
 
 
 def _e2e(q: str):

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from proxima.bench.sampler import Sample
+from proxima.sampling import Sample
 
 CONCURRENCY, RATE = "concurrency", "rate"
 
@@ -44,6 +44,34 @@ class Stats:
             return cls()
         return cls(len(values), sum(values) / len(values), percentile(values, 50), percentile(values, 95),
                    percentile(values, 99))
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    """One sample of the server during a level, as results.json keeps it (`t` in seconds since
+    the level started)."""
+
+    t: float
+    ok: bool
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    token_usage: float | None = None  # Proxima servers only
+    fragmentation: float | None = None  # Proxima servers only
+    preemptions_total: float | None = None
+    gpu_memory_bytes: int | None = None  # local servers with NVML only
+
+    @classmethod
+    def of(cls, sample: Sample) -> TimelinePoint:
+        snapshot, gpu_bytes = sample.snapshot, sample.gpu_memory_bytes
+        if not snapshot.ok:
+            return cls(sample.t, False, gpu_memory_bytes=gpu_bytes)
+        kv = snapshot.proxima
+        return cls(
+            sample.t, True, snapshot.running, snapshot.waiting, snapshot.kv_usage,
+            kv.token_usage if kv else None, kv.fragmentation if kv else None,
+            snapshot.preemptions_total, gpu_bytes,
+        )
 
 
 @dataclass(slots=True)
@@ -85,7 +113,7 @@ class LevelResult:
     started_s: float = 0.0  # when the level began, seconds after this server's sweep began
     aborted: str | None = None  # why the level was stopped early (avalanche, server gone)
     errors: dict[str, int] = field(default_factory=dict)
-    timeline: list[Sample] = field(default_factory=list)
+    timeline: list[TimelinePoint] = field(default_factory=list)
 
     @property
     def finished(self) -> int:

@@ -1,10 +1,10 @@
 """One bench run from start to verdict: servers (given or launched), workload, sweeps, results.
 
-The CLI builds a `BenchPlan` and renders what comes back; everything between lives here.
-Order of work: the workload file is validated before any server is touched; given servers are
-checked reachable before any load is sent; the workload is built (and its prompts counted by
-the first server's tokenizer) once and sent unchanged to every server; servers are measured one
-after the other.
+The CLI builds a checked `BenchPlan` (`proxima.bench.plan`) and renders what comes back;
+everything between lives here. Order of work: the workload file is validated before any server
+is touched; given servers are checked reachable before any load is sent; the workload is built
+(and its prompts counted by the first server's tokenizer) once and sent unchanged to every
+server; servers are measured one after the other.
 """
 
 from __future__ import annotations
@@ -12,32 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import socket
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from proxima.bench import workload as wl
-from proxima.bench.client import count_prompt_tokens, fetch_model, fetch_word_costs, new_http_client
-from proxima.bench.launch import LaunchPlan, launched
+from proxima.bench.client import count_prompt_tokens, fetch_model, fetch_word_costs
+from proxima.bench.plan import BenchPlan
 from proxima.bench.results import BenchResult, ServerRun, verdict
-from proxima.bench.sweep import Observer, SweepParams, Target, run_interleaved, run_sweep
-from proxima.scrape import scrape_sync
-
-LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0", ""}
-
-
-@dataclass(slots=True)
-class BenchPlan:
-    workload: wl.WorkloadPlan
-    levels: list[tuple[str, float]]
-    params: SweepParams
-    urls: list[str] = field(default_factory=list)  # given servers ...
-    labels: list[str | None] = field(default_factory=list)
-    launch: LaunchPlan | None = None  # ... or servers to launch
-    default_max_tokens: int = wl.DEFAULT_MAX_TOKENS
-    command: str = ""
-    interleave: bool = True  # servers up together take turns level by level
+from proxima.bench.servers import launched
+from proxima.bench.sweep import Observer, Target, run_interleaved, run_sweep
+from proxima.hosts import is_this_host
+from proxima.load import new_http_client
+from proxima.scrape import kv_capacity_tokens, scrape_sync
 
 
 @dataclass(slots=True)
@@ -47,11 +34,6 @@ class _Served:
     variant: str | None = None
     launch_info: dict | None = None
     pid: int | None = None
-
-
-def is_local(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    return host in LOCAL_HOSTS or host in {socket.gethostname(), socket.getfqdn()}
 
 
 def auto_label(url: str) -> str:
@@ -108,7 +90,7 @@ def _server_groups(plan: BenchPlan) -> Iterator[list[_Served]]:
 
 
 def _run_for(served: _Served, model: str, label: str) -> tuple[Target, ServerRun]:
-    local = served.launch_info is not None or is_local(served.url)
+    local = served.launch_info is not None or is_this_host(served.url)
     target = Target(label, served.url, model, local=local, pid=served.pid)
     run = ServerRun(label, served.url, model, served.variant, local=local, launch=served.launch_info)
     _describe_kv(run)
@@ -124,8 +106,7 @@ def _describe_kv(run: ServerRun) -> None:
     kv = snap.proxima
     run.allocator = kv.allocator if kv else "stock"
     run.kv_block_size = kv.granularity if kv else snap.block_size
-    capacity = kv.slots_total if kv else (snap.num_gpu_blocks or 0) * (snap.block_size or 0)
-    run.kv_capacity_tokens = capacity or run.kv_capacity_tokens
+    run.kv_capacity_tokens = kv_capacity_tokens(snap) or run.kv_capacity_tokens
 
 
 def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, runs: list[ServerRun],
@@ -173,9 +154,11 @@ def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Work
             raise
         for run in measured:
             if len(run.levels) < len(plan.levels):
-                run.stopped = "; ".join(filter(None, [run.stopped, f"interrupted after {run.levels[-1].label}"]))
+                interrupted = f"interrupted after {run.levels[-1].label}"
+                run.stopped = "; ".join(filter(None, [run.stopped, interrupted]))
         result = _result(plan, measured, work_box[0])
-        result.notes.insert(0, "Interrupted: only the levels that finished before the interrupt are reported.")
+        result.notes.insert(0, "Interrupted: only the levels that finished before the interrupt are "
+                               "reported.")
         raise BenchInterrupted(result, work_box[0]) from None
     work = work_box[0] if work_box else None
     assert work is not None

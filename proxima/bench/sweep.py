@@ -2,8 +2,8 @@
 
 A level sends a window of the workload, either through N workers that each keep one request in
 flight (concurrency) or at exponentially distributed arrival times (rate), for `requests` or
-`duration`, whichever ends first. While it runs, `MetricsSampler` reads the server and a
-watchdog looks for an avalanche: once `min_samples` requests have finished, an error rate above
+`duration`, whichever ends first. While it runs, a `proxima.sampling.Sampler` reads the server
+and a watchdog looks for an avalanche: once `min_samples` requests have finished, an error rate above
 `max_error_rate`, or a P95 E2E above `avalanche_factor` x the SLO (requests still in flight count
 with their age, so a hang is seen before it completes), stops the level; the in-flight requests
 are cancelled and higher levels of that sweep are not run for this server.
@@ -24,18 +24,11 @@ from dataclasses import dataclass
 
 import httpx
 
-from proxima.bench.client import (
-    CANCELLED,
-    FAILED,
-    OK,
-    TIMED_OUT,
-    RequestResult,
-    StreamingClient,
-    new_http_client,
-)
-from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, percentile
-from proxima.bench.sampler import CpuMeter, LoopLagProbe, MetricsSampler
+from proxima.bench.meters import CpuMeter, LoopLagProbe
+from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, TimelinePoint, percentile
 from proxima.bench.workload import BenchRequest, Workload
+from proxima.load import CANCELLED, FAILED, OK, TIMED_OUT, RequestResult, StreamingClient, new_http_client
+from proxima.sampling import Sampler, wait_idle
 from proxima.scrape import ServerSnapshot, scrape
 
 
@@ -145,7 +138,7 @@ async def _send(client: StreamingClient, state: _LevelState, observer: Observer,
             result.text = []
         state.started(result)
         try:
-            await client.send(turn, result)
+            await client.send(turn.prompt, turn.max_tokens, result)
         finally:
             state.finished(result)
             if result.status != CANCELLED:
@@ -214,19 +207,6 @@ async def _settled_counters(http: httpx.AsyncClient, url: str, before: ServerSna
     return previous
 
 
-async def _drained(http: httpx.AsyncClient, url: str, timeout_s: float = 30.0) -> bool:
-    """Wait until the server holds no request (cancelled streams take a moment to be aborted)."""
-    deadline = time.perf_counter() + timeout_s
-    while time.perf_counter() < deadline:
-        snap = await scrape(http, url)
-        if not snap.ok:
-            return False
-        if snap.running + snap.waiting == 0:
-            return True
-        await asyncio.sleep(0.2)
-    return True
-
-
 def request_source(workload: Workload, offset: int, count: int | None) -> Iterator[tuple[int, BenchRequest]]:
     n = len(workload.requests)
     indices = itertools.count(offset) if count is None else range(offset, offset + count)
@@ -245,8 +225,10 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
         cpu = CpuMeter()
         t0 = time.perf_counter()
         deadline = t0 + params.duration_s if params.duration_s else None
-        async with MetricsSampler(target.url, params.sample_interval_s, target.local) as sampler, \
-                LoopLagProbe() as lag:
+        # Off the event loop that times the tokens, and stopped at once when the level ends.
+        sampler = Sampler(target.url, params.sample_interval_s, here=target.local, off_loop=True,
+                          timeout_s=max(1.0, 4 * params.sample_interval_s))
+        async with sampler.running(final=False), LoopLagProbe() as lag:
             watchdog = asyncio.create_task(_watchdog(state))
             try:
                 if kind == CONCURRENCY:
@@ -265,7 +247,8 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
                           before, after)
         level.started_s = started_s
         if after.ok:  # the next level starts on an idle server, also after an avalanche
-            await _drained(scrape_http, target.url)
+            # (cancelled streams take a moment to be aborted)
+            await wait_idle(scrape_http, target.url, timeout_s=30.0, poll_s=0.2)
         elif state.aborted:
             level.aborted = f"{state.aborted}; server unreachable ({after.error})"
     observer.level_finished(target, level)
@@ -273,7 +256,7 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
 
 
 def summarize(label: str, kind: str, value: float, state: _LevelState, duration: float,
-              sampler: MetricsSampler, lag: LoopLagProbe, cpu_fraction: float,
+              sampler: Sampler, lag: LoopLagProbe, cpu_fraction: float,
               before: ServerSnapshot, after: ServerSnapshot) -> LevelResult:
     results = state.results
     ok = [r for r in results if r.status == OK]
@@ -298,8 +281,8 @@ def summarize(label: str, kind: str, value: float, state: _LevelState, duration:
     level.client_loop_lag_p99_s = percentile(lag.lags, 99)
     if level.output_tokens:
         level.client_overhead_us_per_token = 1e6 * sum(r.overhead_s for r in ok) / level.output_tokens
-    samples = [s for s in sampler.samples if s.ok]
-    level.timeline = list(sampler.samples)
+    level.timeline = [TimelinePoint.of(s) for s in sampler.samples]
+    samples = [s for s in level.timeline if s.ok]
 
     def peak(attr: str):
         values = [getattr(s, attr) for s in samples if getattr(s, attr) is not None]
@@ -308,7 +291,7 @@ def summarize(label: str, kind: str, value: float, state: _LevelState, duration:
     level.peak_running, level.peak_waiting = peak("running"), peak("waiting")
     level.peak_kv_usage, level.peak_token_usage = peak("kv_usage"), peak("token_usage")
     level.peak_fragmentation = peak("fragmentation")
-    gpu = [s.gpu_memory_bytes for s in sampler.samples if s.gpu_memory_bytes is not None]
+    gpu = [s.gpu_memory_bytes for s in level.timeline if s.gpu_memory_bytes is not None]
     level.peak_gpu_memory_bytes = max(gpu) if gpu else None
     if before.ok and after.ok:
         level.preemptions = after.preemptions_total - before.preemptions_total

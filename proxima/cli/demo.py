@@ -29,7 +29,7 @@ def demo(
     from rich.table import Table
 
     from proxima.demo import DemoResult, drive, hello, start_server
-    from proxima.launcher import ServerStartError
+    from proxima.server_process import ServerStartError
     from proxima.tiny_model import build_tiny_model
 
     console = Console()
@@ -47,7 +47,11 @@ def demo(
     except ServerStartError as err:
         fail(f"the server did not start:\n{err}")
     try:
-        text = hello(server.url, str(model_dir))
+        answer = hello(server.url, str(model_dir))
+        if not answer.ok:
+            fail(f"the server did not answer a first request: {answer.error}; see {workdir / 'server.log'}",
+                 code=1)
+        text = answer.text
         console.print(f"[bold]server up[/] at {server.url}; hello world -> {text!r}")
         result = DemoResult(url=server.url, hello_text=text)
         with console.status(f"{requests} requests, {concurrency} at a time"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typer
 
+from proxima import fmt
 from proxima.cli.errors import fail
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "magenta"}
@@ -25,8 +26,8 @@ def doctor(
                                  "bottleneck, adoption) watch; long windows judge memory trends."),
     compare: str = typer.Option(None, "--compare", help="A second server: determinism compares its outputs "
                                 "token by token."),
-    typical_tokens: int = typer.Option(None, "--typical-tokens", min=1, help="Prompt + generation tokens of a "
-                                       "typical request (default: observed on the server)."),
+    typical_tokens: int = typer.Option(None, "--typical-tokens", min=1, help="Prompt + generation tokens "
+                                       "of a typical request (default: observed on the server)."),
     max_num_seqs: int = typer.Option(None, "--max-num-seqs", min=1, help="The server's --max-num-seqs "
                                      "(vLLM does not export it), for oom_risk."),
 ) -> None:
@@ -34,11 +35,10 @@ def doctor(
     import contextlib
     import signal
 
+    from proxima.fetch import normalize_url
     from proxima.probes.base import DoctorOptions
     from proxima.probes.runner import DESCRIPTIONS, parse_checks, run_doctor
     from proxima.scrape import DEFAULT_URL
-
-    from proxima.fetch import normalize_url
 
     url = url or DEFAULT_URL
     for name, value in (("URL", url), ("--compare", compare)):
@@ -91,7 +91,7 @@ def _value(value: object) -> str:
         if value == int(value) and abs(value) < 1e15:
             return str(int(value))
         return f"{value:.4g}"
-    return "N/A" if value is None else str(value)
+    return fmt.NA if value is None else str(value)
 
 
 def render(report, console) -> None:

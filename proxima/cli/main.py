@@ -29,5 +29,5 @@ app.command("top", help="Live terminal dashboard of KV memory and serving health
 app.command("doctor", help="Diagnose a live deployment: OOM, leak, determinism, bottleneck.")(doctor.doctor)
 app.command("bench", help="A/B load test: stock vLLM against Proxima.")(bench.bench)
 
-if __name__ == "__main__":  # python -m proxima.cli.main (what the launcher runs)
+if __name__ == "__main__":  # python -m proxima.cli.main (what proxima.server_process runs)
     app()

@@ -20,8 +20,8 @@ def serve(
     ),
     check_only: bool = typer.Option(False, "--check", help="Validate the configuration and exit."),
 ) -> None:
-    from proxima.engine.launch import build_serve_command, preflight, run_server
     from proxima.engine.settings import ProximaConfigError
+    from proxima.serve_command import build_serve_command, preflight, run_server
 
     try:
         command = build_serve_command(model, proxima_allocator, list(ctx.args),

@@ -34,7 +34,7 @@ def top(
                                  help="Seconds of the sliding window for latency quantiles."),
 ) -> None:
     """Live terminal dashboard of KV memory and serving health."""
-    from proxima.tui.collector import normalize_url
+    from proxima.fetch import normalize_url
     from proxima.tui.model import Settings
 
     if not 0.05 <= interval <= 60:

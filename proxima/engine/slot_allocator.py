@@ -7,8 +7,9 @@ int32 array used as a LIFO stack (`_free_stack[:_num_free]`), and occupancy in o
 So a 1M-slot cache costs 9 bytes per slot (4 of them scratch for the duplicate check) and
 initialises with three numpy calls; allocate and free are O(n) vectorised copies with no
 per-token Python objects. LIFO order means a run of slots freed together (a finished request's,
-pushed back in reverse) is handed out again as the same ascending run, so the next request reads K/V from contiguous rows. Each slot is a whole
-row of Hkv x D values, so even a scattered slot list gives coalesced reads row by row.
+pushed back in reverse) is handed out again as the same ascending run, so the next request reads
+K/V from contiguous rows. Each slot is a whole row of Hkv x D values, so even a scattered slot
+list gives coalesced reads row by row.
 
 Error contract: out of capacity is not an error (`allocate` returns None); freeing a slot that
 is not in use, is out of range, or appears twice in one call is the caller's bug and raises

@@ -5,6 +5,18 @@ written once. Conventions (prometheus_client practice): `proxima_` prefix, base 
 name (`_seconds`, `_bytes`), `_total` only on counters, bounded labels (never a request or slot
 id). Gauges carry a `multiprocess_mode` because the engine process writes them through
 prometheus_client's multiprocess mode and vLLM's API server serves them on its `/metrics`.
+
+Beside each name the entry says, once, the whole path of its figure (the way nvitop keeps a
+metric's name beside how to read it):
+  stat      the `KVStats` attribute the engine publishes each step (both exporters read it);
+            None for a figure set at start-up (`set_static`) or counted per event
+  figure    the `KVSnapshot` attribute the tools read it as (`proxima.scrape`)
+  read      how a scrape reads one engine's figure (`Read`)
+  combine   how several engines' (or servers') figures become one (`Combine`), with `of`
+            naming the figures a computed or weighted one is made from
+Adding a gauge is one entry here plus its `KVStats` attribute, where the engine computes it;
+the exporters, the scrape layer and the combination need nothing more
+(tests/test_catalog_one_path.py adds one and follows it through all of them).
 """
 
 from __future__ import annotations
@@ -19,6 +31,35 @@ class Kind(str, Enum):
     HISTOGRAM = "histogram"
 
 
+class Read(str, Enum):
+    """How a tool reads one engine's figure from a scrape."""
+
+    VALUE = "value"  # the engine's samples added up (over `sink`, say); the largest if written as a max
+    # Not read: computed from the engine's own counts by its `combine` rule, so that a ratio always
+    # agrees with the counts shown beside it (a scrape can land between two gauge writes).
+    COMPUTED = "computed"
+    SEGMENTS = "segments"  # one sample per `segment` label, in segment order
+    HISTOGRAMS = "histograms"  # one histogram per `op` label
+    LABELS = "labels"  # an info metric: its labels are the figures (allocator; block_size: granularity)
+
+
+class Combine(str, Enum):
+    """How several engines' (or servers') figures become one. A ratio is never added up: two
+    engines at 60% are at 60%, not 120%; it is recomputed from the engines' summed counts."""
+
+    SUM = "sum"  # counts and counters
+    MAX = "max"  # the largest engine's (a longest free run, bytes per token)
+    # of[0] / of[1], each summed over the engines (0 when of[1] is 0). A term "a*b" is an
+    # engine's a times its b: block usage x slots = the slots its blocks would take.
+    RATIO = "ratio"
+    WASTE = "waste"  # (of[0] - of[1]) / of[0], summed likewise: the share of of[0] not live, >= 0
+    # Each engine's values weighted by its of[0] (equal weights when all are 0): segment i of
+    # several occupancy maps; maps of unequal length combine to none.
+    WEIGHTED = "weighted"
+    HISTOGRAMS = "histograms"  # bucket counts added (histograms with the same bounds)
+    LABELS = "labels"  # the allocators named together ("block/token"), the finest granularity
+
+
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
     name: str
@@ -29,6 +70,11 @@ class MetricSpec:
     buckets: tuple[float, ...] = ()
     # How the API server combines values written by several live processes.
     multiprocess_mode: str = "livesum"
+    figure: str = ""
+    stat: str | None = None
+    read: Read = Read.VALUE
+    combine: Combine = Combine.SUM
+    of: tuple[str, ...] = ()
 
     @property
     def sample_name(self) -> str:
@@ -41,9 +87,12 @@ class MetricSpec:
 OCCUPANCY_SEGMENTS = 64
 # Block size against which token-granular usage is compared: vLLM's default on GPU.
 REFERENCE_BLOCK_SIZE = 16
-# Token usage at which the KV cache counts as nearly full: `proxima top` turns it red and the
-# exhaustion alert fires on it (with requests waiting). One value, so both tell the same story.
+# Usage at which the KV cache counts as nearly full: `proxima top` turns it red, the exhaustion
+# alert fires on it (with requests waiting) and the doctor's ramp calls a queue behind it
+# "queueing for a full KV cache". One value, so all three tell the same story.
 KV_DANGER_USAGE = 0.95
+# Usage at which `proxima top` turns the KV cache yellow: warn early, before anything queues.
+KV_WARN_USAGE = 0.85
 
 _LATENCY_BUCKETS = (
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1,
@@ -55,9 +104,11 @@ ALLOCATOR_INFO = MetricSpec(
     "Constant 1, labelled with the KV allocator in use (token = Proxima slots, block = stock vLLM) "
     "and the allocation granularity in tokens.",
     labels=("engine", "allocator", "block_size"),
+    figure="allocator", read=Read.LABELS, combine=Combine.LABELS,
 )
 SLOTS_TOTAL = MetricSpec(
-    "proxima_kv_slots", Kind.GAUGE, "KV cache capacity in token slots.", unit="slots"
+    "proxima_kv_slots", Kind.GAUGE, "KV cache capacity in token slots.", unit="slots",
+    figure="slots_total", stat="slots_total",
 )
 SLOTS_USED = MetricSpec(
     "proxima_kv_slots_used",
@@ -65,11 +116,13 @@ SLOTS_USED = MetricSpec(
     "Token slots live requests reference, each counted once however many requests share it "
     "through the prefix cache (for the block allocator: blocks in use x block size).",
     unit="slots",
+    figure="slots_used", stat="slots_used",
 )
 SLOTS_FREE = MetricSpec(
     "proxima_kv_slots_free", Kind.GAUGE,
     "Token slots any request may take: unused ones and cached ones no request references.",
-    unit="slots"
+    unit="slots",
+    figure="slots_free", stat="slots_free",
 )
 SLOTS_CACHED = MetricSpec(
     "proxima_kv_slots_cached",
@@ -77,6 +130,7 @@ SLOTS_CACHED = MetricSpec(
     "Free token slots that still hold reusable prefix-cache entries (evicted on demand, least "
     "recently used first).",
     unit="slots",
+    figure="slots_cached", stat="slots_cached",
 )
 LIVE_TOKENS = MetricSpec(
     "proxima_kv_live_tokens",
@@ -84,28 +138,39 @@ LIVE_TOKENS = MetricSpec(
     "Tokens whose KV live requests hold (computed or scheduled to be computed this step); a slot "
     "shared by several requests through the prefix cache counts once.",
     unit="tokens",
+    figure="live_tokens", stat="live_tokens",
 )
 TOKEN_USAGE = MetricSpec(
     "proxima_kv_token_usage_ratio",
     Kind.GAUGE,
     "Live tokens / KV capacity: the memory requests actually need.",
+    figure="token_usage", stat="token_usage",
+    read=Read.COMPUTED, combine=Combine.RATIO, of=("live_tokens", "slots_total"),
 )
 BLOCK_USAGE = MetricSpec(
     "proxima_kv_block_usage_ratio",
     Kind.GAUGE,
     f"KV usage that block-granular allocation at {REFERENCE_BLOCK_SIZE} tokens per block would report "
     "for the same live requests (what vllm:kv_cache_usage_perc counts).",
+    figure="block_usage", stat="block_usage",
+    combine=Combine.RATIO, of=("block_usage*slots_total", "slots_total"),
 )
 FRAGMENTATION = MetricSpec(
     "proxima_kv_fragmentation_ratio",
     Kind.GAUGE,
     "Allocated-but-unused slots / allocated slots, for the allocator in use.",
+    figure="fragmentation", stat="fragmentation",
+    read=Read.COMPUTED, combine=Combine.WASTE, of=("slots_used", "live_tokens"),
 )
 BLOCK_FRAGMENTATION = MetricSpec(
     "proxima_kv_block_fragmentation_ratio",
     Kind.GAUGE,
     f"Fragmentation that block-granular allocation at {REFERENCE_BLOCK_SIZE} tokens per block would "
     "have for the same live requests.",
+    # Read as exported; combined from the slots those blocks would take (block usage x capacity),
+    # a count the engine does not export on its own.
+    figure="block_fragmentation", stat="block_fragmentation",
+    combine=Combine.WASTE, of=("block_usage*slots_total", "live_tokens"),
 )
 OCCUPANCY_MAP = MetricSpec(
     "proxima_kv_occupancy_ratio",
@@ -113,6 +178,8 @@ OCCUPANCY_MAP = MetricSpec(
     f"Fraction of slots in use in each of {OCCUPANCY_SEGMENTS} equal segments of the KV cache "
     "(a downsampled occupancy map).",
     labels=("engine", "segment"),
+    figure="occupancy", stat="occupancy", read=Read.SEGMENTS, combine=Combine.WEIGHTED,
+    of=("slots_total",),
 )
 LARGEST_FREE_RUN = MetricSpec(
     "proxima_kv_largest_free_run_slots",
@@ -120,6 +187,7 @@ LARGEST_FREE_RUN = MetricSpec(
     "Longest run of contiguous free slots.",
     unit="slots",
     multiprocess_mode="max",
+    figure="largest_free_run", stat="largest_free_run", combine=Combine.MAX,
 )
 BYTES_PER_TOKEN = MetricSpec(
     "proxima_kv_bytes_per_token",
@@ -127,19 +195,23 @@ BYTES_PER_TOKEN = MetricSpec(
     "KV cache bytes one token occupies across all layers.",
     unit="bytes",
     multiprocess_mode="max",
+    figure="bytes_per_token", combine=Combine.MAX,
 )
 CACHE_BYTES = MetricSpec(
-    "proxima_kv_cache_bytes", Kind.GAUGE, "KV cache size.", unit="bytes", multiprocess_mode="max"
+    "proxima_kv_cache_bytes", Kind.GAUGE, "KV cache size.", unit="bytes", multiprocess_mode="max",
+    figure="cache_bytes",
 )
 RUNNING_REQUESTS = MetricSpec(
     "proxima_kv_requests_holding_slots",
     Kind.GAUGE,
     "Requests that hold KV slots (running, or preempted before release).",
+    figure="requests_holding_slots", stat="num_requests",
 )
 PREEMPTIONS = MetricSpec(
     "proxima_kv_preemptions",
     Kind.COUNTER,
     "Requests preempted because the KV cache had no room for their next tokens.",
+    figure="preemptions_total",
 )
 ALLOCATOR_LATENCY = MetricSpec(
     "proxima_allocator_latency_seconds",
@@ -148,6 +220,7 @@ ALLOCATOR_LATENCY = MetricSpec(
     unit="seconds",
     labels=("engine", "op"),
     buckets=_LATENCY_BUCKETS,
+    figure="allocator_latency", read=Read.HISTOGRAMS, combine=Combine.HISTOGRAMS,
 )
 ALLOCATOR_OPS = ("allocate", "free", "step")
 PREFIX_HIT_TOKENS = MetricSpec(
@@ -156,6 +229,7 @@ PREFIX_HIT_TOKENS = MetricSpec(
     "Prompt tokens admitted from Proxima's token-exact prefix cache instead of computed "
     "(vllm:prefix_cache_hits_total counts every lookup, including admissions retried later).",
     unit="tokens",
+    figure="prefix_hit_tokens_total", stat="prefix.hit_tokens",
 )
 PREFIX_HIT_BEYOND_BLOCKS = MetricSpec(
     "proxima_prefix_cache_hit_tokens_beyond_blocks",
@@ -163,12 +237,14 @@ PREFIX_HIT_BEYOND_BLOCKS = MetricSpec(
     f"Of those, tokens a prefix cache of {REFERENCE_BLOCK_SIZE}-token blocks would have missed "
     "(the partial block at the end of each hit).",
     unit="tokens",
+    figure="prefix_hit_tokens_beyond_blocks_total", stat="prefix.hit_tokens_beyond_blocks",
 )
 PREFIX_EVICTED_TOKENS = MetricSpec(
     "proxima_prefix_cache_evicted_tokens",
     Kind.COUNTER,
     "Cached tokens evicted to make room for new ones (least recently used first).",
     unit="tokens",
+    figure="prefix_evicted_tokens_total", stat="prefix.evicted_tokens",
 )
 PREFIX_COUNTERS = (PREFIX_HIT_TOKENS, PREFIX_HIT_BEYOND_BLOCKS, PREFIX_EVICTED_TOKENS)
 TELEMETRY_ERRORS = MetricSpec(
@@ -177,6 +253,7 @@ TELEMETRY_ERRORS = MetricSpec(
     "Exceptions raised by a KV telemetry sink (prometheus, otlp) and caught so that serving goes on; "
     "the sink's figures are stale or missing while this rises.",
     labels=("engine", "sink"),
+    figure="telemetry_errors_total",
 )
 # The sinks' names, as the scheduler registers them (the label values of TELEMETRY_ERRORS).
 TELEMETRY_SINKS = ("prometheus", "otlp", "collect")  # collect: reading the KV state itself
@@ -228,3 +305,16 @@ class Vllm:
 
 def by_name() -> dict[str, MetricSpec]:
     return {spec.name: spec for spec in ENGINE_METRICS}
+
+
+# The engine's metrics by how they are fed. Functions, not constants: they read ENGINE_METRICS
+# when called, so an entry added to it (a test's, say) is exported and read like the others.
+
+def published() -> tuple[MetricSpec, ...]:
+    """Figures the engine publishes each step, read from `KVStats` by their `stat`."""
+    return tuple(spec for spec in ENGINE_METRICS if spec.stat is not None)
+
+
+def kv_figures() -> tuple[MetricSpec, ...]:
+    """Figures a scrape reads into a `KVSnapshot` (every engine metric has one)."""
+    return tuple(spec for spec in ENGINE_METRICS if spec.figure)

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from operator import attrgetter
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -23,10 +24,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from proxima.engine.kv_stats import KVStats
 from proxima.metrics import catalog as c
+from proxima.metrics.kv_stats import KVStats
 from proxima.metrics.otel_env import RequestKVFacts, otlp_endpoint_source, signal_url
-from proxima.metrics.otel_latency import LatencyHistograms, WithLatencies
+from proxima.metrics.otel_latency import SCOPE, LatencyHistograms, WithLatencies
 
 SPAN_NAME = "proxima.kv.request"
 
@@ -42,7 +43,7 @@ class OtelKVExporter:
         self._stats: KVStats | None = None
         self._static: dict[str, float] = {}
         self._info: dict[str, str] = {}
-        resource = Resource.create({"service.name": "proxima-engine", "proxima.engine": engine})
+        resource = Resource.create({"service.name": "proxima-engine", SCOPE: engine})
         interval = export_interval_ms or int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "10000"))
         # Latencies are bucketed here in batches and joined to each export (otel_latency.py).
         self._latencies = LatencyHistograms(engine)
@@ -54,7 +55,7 @@ class OtelKVExporter:
         self.tracer_provider.add_span_processor(
             BatchSpanProcessor(OTLPSpanExporter(endpoint=signal_url(endpoint, "traces")))
         )
-        self._tracer = self.tracer_provider.get_tracer("proxima.engine")
+        self._tracer = self.tracer_provider.get_tracer(SCOPE)
         # The generic OTEL_EXPORTER_OTLP_ENDPOINT (set for some other tool, perhaps) also switches
         # this on: say what goes where, once, so nobody exports request spans without knowing it.
         source = otlp_endpoint_source()
@@ -64,31 +65,23 @@ class OtelKVExporter:
             "request (ids, token counts, KV slots) to %s",
             origin, engine, interval / 1000, signal_url(endpoint, "metrics"), signal_url(endpoint, "traces"),
         )
-        meter = self.meter_provider.get_meter("proxima.engine")
+        meter = self.meter_provider.get_meter(SCOPE)
         self._preemptions = meter.create_counter(c.PREEMPTIONS.sample_name, description=c.PREEMPTIONS.help)
-        gauges = {
-            c.SLOTS_TOTAL: lambda s: s.slots_total,
-            c.SLOTS_USED: lambda s: s.slots_used,
-            c.SLOTS_FREE: lambda s: s.slots_free,
-            c.SLOTS_CACHED: lambda s: s.slots_cached,
-            c.LIVE_TOKENS: lambda s: s.live_tokens,
-            c.TOKEN_USAGE: lambda s: s.token_usage,
-            c.BLOCK_USAGE: lambda s: s.block_usage,
-            c.FRAGMENTATION: lambda s: s.fragmentation,
-            c.BLOCK_FRAGMENTATION: lambda s: s.block_fragmentation,
-            c.LARGEST_FREE_RUN: lambda s: s.largest_free_run,
-            c.RUNNING_REQUESTS: lambda s: s.num_requests,
-        }
-        for spec, read in gauges.items():
-            meter.create_observable_gauge(spec.name, callbacks=[self._observe(read)], description=spec.help)
+        # Every figure the catalog gives a `stat`, read from the last published KVStats at export.
+        for spec in c.published():
+            read = attrgetter(spec.stat)
+            if spec.read is c.Read.SEGMENTS:
+                meter.create_observable_gauge(spec.name, callbacks=[self._observe_segments(read)],
+                                              description=spec.help)
+            elif spec.kind is c.Kind.COUNTER:
+                meter.create_observable_counter(spec.sample_name, callbacks=[self._observe(read)],
+                                                description=spec.help)
+            else:
+                meter.create_observable_gauge(spec.name, callbacks=[self._observe(read)],
+                                              description=spec.help)
         for spec in (c.BYTES_PER_TOKEN, c.CACHE_BYTES):
             meter.create_observable_gauge(spec.name, callbacks=[self._observe_static(spec.name)],
                                           description=spec.help)
-        for i, spec in enumerate(c.PREFIX_COUNTERS):
-            meter.create_observable_counter(spec.sample_name, callbacks=[self._observe(
-                lambda s, i=i: s.prefix.totals()[i])], description=spec.help)
-        meter.create_observable_gauge(c.OCCUPANCY_MAP.name, callbacks=[self._observe_occupancy],
-                                      description=c.OCCUPANCY_MAP.help)
         meter.create_observable_gauge(c.ALLOCATOR_INFO.name, callbacks=[self._observe_info],
                                       description=c.ALLOCATOR_INFO.help)
 
@@ -111,7 +104,7 @@ class OtelKVExporter:
     def request_finished(self, facts: RequestKVFacts) -> None:
         span = self._tracer.start_span(SPAN_NAME, start_time=facts.start_time_ns)
         span.set_attributes({
-            "proxima.engine": self.engine,
+            SCOPE: self.engine,
             "proxima.request_id": facts.request_id,
             "proxima.kv.slots_peak": facts.slots_peak,
             "proxima.kv.preemptions": facts.preemptions,
@@ -139,13 +132,15 @@ class OtelKVExporter:
             return [Observation(self._static[name], self._attrs)] if name in self._static else []
         return callback
 
-    def _observe_occupancy(self, options: CallbackOptions):
-        with self._lock:
-            stats = self._stats
-        if stats is None:
-            return []
-        return [Observation(v, {"engine": self.engine, "segment": str(i)})
-                for i, v in enumerate(stats.occupancy)]
+    def _observe_segments(self, read):
+        def callback(options: CallbackOptions):
+            with self._lock:
+                stats = self._stats
+            if stats is None:
+                return []
+            return [Observation(v, {"engine": self.engine, "segment": str(i)})
+                    for i, v in enumerate(read(stats))]
+        return callback
 
     def _observe_info(self, options: CallbackOptions):
         return [Observation(1, {"engine": self.engine, **self._info})] if self._info else []

@@ -32,6 +32,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from proxima.metrics import catalog as c
 
+# The instrumentation scope of every Proxima instrument and span, and the resource and span
+# attribute that names the engine (one wire name for both, as the exports have always used).
 SCOPE = "proxima.engine"
 
 

@@ -9,12 +9,13 @@ The registry is passed in (tests use a fresh one); nothing here is process-globa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from proxima.engine.kv_stats import KVStats
 from proxima.metrics import catalog as c
+from proxima.metrics.kv_stats import KVStats
 
 
 def _make(spec: c.MetricSpec, registry: CollectorRegistry):
@@ -63,6 +64,8 @@ class BatchObserver:
 
 
 class PrometheusKVExporter:
+    """One engine's metrics in a registry; `publish` sets every catalog figure that has a `stat`."""
+
     def __init__(self, registry: CollectorRegistry, engine: str = "0") -> None:
         self.engine = engine
         self.registry = registry
@@ -72,16 +75,20 @@ class PrometheusKVExporter:
             for op in c.ALLOCATOR_OPS
         }
         self._preemptions = self._m[c.PREEMPTIONS.name].labels(engine=engine)
-        self._segments = [
-            self._m[c.OCCUPANCY_MAP.name].labels(engine=engine, segment=str(i))
-            for i in range(c.OCCUPANCY_SEGMENTS)
-        ]
-        # Labelled children resolved once: publish runs up to once per scheduler step.
-        self._gauges = {spec.name: self._m[spec.name].labels(engine=engine) for spec in c.ENGINE_METRICS
-                        if spec.kind is c.Kind.GAUGE and spec.labels == ("engine",)}
-        self._occupancy_shown: tuple[float, ...] | None = None
-        self._prefix = {spec.name: self._m[spec.name].labels(engine=engine) for spec in c.PREFIX_COUNTERS}
-        self._prefix_shown = (0, 0, 0)
+        # Labelled children and readers resolved once: publish runs up to once per scheduler step.
+        self._gauges: list[tuple[object, attrgetter]] = []
+        self._counters: list[tuple[object, attrgetter, str]] = []
+        self._maps: list[tuple[list, attrgetter, str]] = []
+        for spec in c.published():
+            metric, read = self._m[spec.name], attrgetter(spec.stat)
+            if spec.read is c.Read.SEGMENTS:
+                children = [metric.labels(engine=engine, segment=str(i)) for i in range(c.OCCUPANCY_SEGMENTS)]
+                self._maps.append((children, read, spec.name))
+            elif spec.kind is c.Kind.COUNTER:  # a cumulative total: the counter moves by the increase
+                self._counters.append((metric.labels(engine=engine), read, spec.name))
+            else:
+                self._gauges.append((metric.labels(engine=engine), read))
+        self._shown: dict[str, object] = {}  # each counter's total and each map as last published
         # Children made now, so every sink's counter reads 0 from the start (rate() needs a first point).
         errors = self._m[c.TELEMETRY_ERRORS.name]
         self._telemetry_errors = {sink: errors.labels(engine=engine, sink=sink) for sink in c.TELEMETRY_SINKS}
@@ -98,8 +105,8 @@ class PrometheusKVExporter:
         self._m[c.ALLOCATOR_INFO.name].labels(
             engine=self.engine, allocator=allocator, block_size=str(granularity)
         ).set(1)
-        self._gauge(c.BYTES_PER_TOKEN).set(bytes_per_token)
-        self._gauge(c.CACHE_BYTES).set(cache_bytes)
+        for spec, value in ((c.BYTES_PER_TOKEN, bytes_per_token), (c.CACHE_BYTES, cache_bytes)):
+            self._m[spec.name].labels(engine=self.engine).set(value)
 
     def observe_latencies(self, op: str, seconds: Sequence[float]) -> None:
         self._latency[op].observe(seconds)
@@ -111,28 +118,18 @@ class PrometheusKVExporter:
         """Per-request facts go to traces (OpenTelemetry), not to Prometheus."""
 
     def publish(self, stats: KVStats) -> None:
-        g = self._gauge
-        g(c.SLOTS_TOTAL).set(stats.slots_total)
-        g(c.SLOTS_USED).set(stats.slots_used)
-        g(c.SLOTS_FREE).set(stats.slots_free)
-        g(c.SLOTS_CACHED).set(stats.slots_cached)
-        g(c.LIVE_TOKENS).set(stats.live_tokens)
-        g(c.TOKEN_USAGE).set(stats.token_usage)
-        g(c.BLOCK_USAGE).set(stats.block_usage)
-        g(c.FRAGMENTATION).set(stats.fragmentation)
-        g(c.BLOCK_FRAGMENTATION).set(stats.block_fragmentation)
-        g(c.LARGEST_FREE_RUN).set(stats.largest_free_run)
-        g(c.RUNNING_REQUESTS).set(stats.num_requests)
-        totals = stats.prefix.totals()
-        for spec, now, before in zip(c.PREFIX_COUNTERS, totals, self._prefix_shown):
-            if now > before:
-                self._prefix[spec.name].inc(now - before)
-        self._prefix_shown = totals
+        for gauge, read in self._gauges:
+            gauge.set(read(stats))
+        shown = self._shown
+        for counter, read, name in self._counters:
+            now = read(stats)
+            if now > shown.get(name, 0):
+                counter.inc(now - shown.get(name, 0))
+            shown[name] = now
         # The map is refreshed every SLOW_STATS_INTERVAL_S, not every step: 64 sets only when it has.
-        if stats.occupancy is not self._occupancy_shown:
-            for gauge, value in zip(self._segments, stats.occupancy):
-                gauge.set(value)
-            self._occupancy_shown = stats.occupancy
-
-    def _gauge(self, spec: c.MetricSpec):
-        return self._gauges[spec.name]
+        for children, read, name in self._maps:
+            values = read(stats)
+            if values is not shown.get(name):
+                for gauge, value in zip(children, values):
+                    gauge.set(value)
+                shown[name] = values

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from proxima.engine.kv_stats import KVStats
+from proxima.metrics.kv_stats import KVStats
 from proxima.metrics.otel_env import RequestKVFacts
 
 # Under "vllm." so the line lands in the server log with vLLM's own handlers and format.

@@ -17,7 +17,6 @@ import json
 
 import torch
 import triton.testing
-
 from layouts import BLOCK, DTYPE, HKV, HQ, D, kv_layouts  # scripts/gpu/layouts.py
 
 from proxima.engine.attention.triton_attention import slot_attention_triton

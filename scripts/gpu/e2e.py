@@ -30,8 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings "
-         "memory slots cache tokens request serve model engine block page fragment free used").split()
+from e2e_profile import HostTimer, attention_impl, host_profile, kernel_profile  # scripts/gpu/
+
+from proxima.engine.slot_table import DenseTileTally
+from proxima.load import random_prompt
+
 GiB = 1 << 30
 ENGINES = {
     # name: (proxima?, attention backend, kv bytes, jobs)
@@ -99,95 +102,7 @@ class Recorder:
 
 def prompts(n: int, seed: int, lo: int, hi: int) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
-
-
-class HostTimer:
-    """Wraps methods (in place) to sum their host wall time and count their calls."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
-
-    def wrap(self, owner, attr: str, label: str) -> None:
-        inner = getattr(owner, attr)
-
-        def timed(*a, **k):
-            start = time.perf_counter()
-            try:
-                return inner(*a, **k)
-            finally:
-                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
-                self.calls[label] = self.calls.get(label, 0) + 1
-
-        setattr(owner, attr, timed)
-
-    def reset(self) -> None:
-        self.seconds.clear()
-        self.calls.clear()
-
-    def report(self, steps: int) -> dict:
-        return {label: {"calls": self.calls[label], "ms_total": 1e3 * sec,
-                        "us_per_call": 1e6 * sec / self.calls[label],
-                        "ms_per_step": 1e3 * sec / max(steps, 1)}
-                for label, sec in self.seconds.items()}
-
-
-def _attention_impl(backend: str):
-    if backend == "CUSTOM":
-        from proxima.engine.attention.backend import ProximaSlotAttentionImpl
-
-        return ProximaSlotAttentionImpl
-    if backend == "FLASH_ATTN":
-        from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl
-
-        return FlashAttentionImpl
-    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
-
-    return TritonAttentionImpl
-
-
-KERNEL_KINDS = (("attention", ("attention", "attn", "flash", "fmha", "merge_splits")),
-                ("kv write", ("reshape_and_cache", "write_kv")),
-                ("gemm", ("gemm", "cutlass", "nvjet", "sm90_xmma", "matmul")))
-
-
-def kernel_profile(run) -> dict:
-    """GPU kernel time of one call of ``run`` by kind, from torch.profiler (CUDA activity only)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        run()
-        wall = time.perf_counter() - start
-    kinds: dict[str, float] = {}
-    top = []
-    for e in prof.key_averages():
-        us = e.self_device_time_total
-        if us <= 0:
-            continue
-        lname = e.key.lower()
-        kind = next((k for k, words in KERNEL_KINDS if any(w in lname for w in words)), "other")
-        kinds[kind] = kinds.get(kind, 0.0) + us / 1e3
-        top.append((us / 1e3, e.count, e.key[:90]))
-    top.sort(reverse=True)
-    return {"wall_ms": wall * 1e3, "gpu_ms_by_kind": kinds, "gpu_ms_total": sum(kinds.values()),
-            "top_kernels": top[:15]}
-
-
-def host_profile(run, top: int = 45) -> str:
-    """The host functions one call of ``run`` spent most time in (cProfile, self time)."""
-    import cProfile
-    import io
-    import pstats
-
-    prof = cProfile.Profile()
-    prof.enable()
-    run()
-    prof.disable()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
-    return text.getvalue()
+    return [random_prompt(rng, lo, hi) for _ in range(n)]
 
 
 def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix: bool = False) -> None:
@@ -199,7 +114,7 @@ def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix
 
     timer = HostTimer()
     if profile:
-        impl = _attention_impl(backend)
+        impl = attention_impl(backend)
         timer.wrap(impl, "forward", "attention forward (eager)")
         timer.wrap(impl, "do_kv_cache_update", "kv write (eager)")
 
@@ -227,9 +142,15 @@ def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix
     preemptions = [0]
     schedule, preempt = scheduler.schedule, scheduler._preempt_request
 
+    dense_tiles, prefill_tiles = DenseTileTally(), DenseTileTally("prefill_dense_tiles")
+
     def timed(*a, **k):
         out_ = schedule(*a, **k)
         running.append(len(scheduler.running))
+        if proxima is True:  # contiguous KV tiles of every context read, and of those prefilled
+            table = scheduler.kv_cache_manager.table
+            dense_tiles.add(table, (r.request_id for r in scheduler.running))
+            prefill_tiles.add(table, (rid for rid, n in out_.num_scheduled_tokens.items() if n > 1))
         return out_
 
     def counted(*a, **k):
@@ -279,6 +200,7 @@ def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix
         recorder.steps.clear()
         preemptions[0] = 0
         timer.reset()
+        dense_tiles, prefill_tiles = DenseTileTally(), DenseTileTally("prefill_dense_tiles")
         t = time.perf_counter()
         outs = llm.generate(ps, sp, use_tqdm=False)
         wall = time.perf_counter() - t
@@ -294,7 +216,9 @@ def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix
                        "requests_peak": max((r for r, _, _ in recorder.steps), default=0),
                        "slot_efficiency": (sum(lv / u for _, u, lv in recorder.steps if u) /
                                            max(1, sum(1 for _, u, _ in recorder.steps if u))),
-                       "slots_total": getattr(scheduler, "last_kv_stats", None) and scheduler.last_kv_stats.slots_total}
+                       "slots_total": (getattr(scheduler, "last_kv_stats", None)
+                                       and scheduler.last_kv_stats.slots_total),
+                       **dense_tiles.shares(), **prefill_tiles.shares()}
         if profile:
             result[job]["host"] = host
             result[job]["kernels"] = kernel_profile(lambda ps=ps, sp=sp: llm.generate(ps, sp, use_tqdm=False))
@@ -352,7 +276,8 @@ def compare_greedy(ours: str, theirs: str, a: list, b: list) -> None:
     print(f"greedy {ours} vs {theirs}: {distinct} distinct tokens generated; "
           f"{identical}/{len(a)} sequences identical; {same_tokens}/{total} positions equal; "
           f"first divergences at {sorted(x for x in first_div if x is not None)[:10]}; "
-          f"max |logprob diff| before divergence {max(diffs, default=0):.4f}, mean {sum(diffs) / max(len(diffs), 1):.5f}")
+          f"max |logprob diff| before divergence {max(diffs, default=0):.4f}, "
+          f"mean {sum(diffs) / max(len(diffs), 1):.5f}")
 
 
 def summarize_throughput(res: dict) -> None:
@@ -365,8 +290,9 @@ def summarize_throughput(res: dict) -> None:
                     extra = (f"  [telemetry: {j['recorded_steps']} publishes, "
                              f"requests mean {j['requests_mean']:.1f} "
                              f"peak {j['requests_peak']}, slot efficiency {j['slot_efficiency']:.3f}]")
-                print(f"{job:>6} {name:<16} tok/s {j['output_tok_s']:>9.0f}  running mean {j['running_mean']:>6.1f} "
-                      f"peak {j['running_peak']:>4}  preemptions {j['preemptions']:>5}  wall {j['wall_s']:.1f}s "
+                print(f"{job:>6} {name:<16} tok/s {j['output_tok_s']:>9.0f}  "
+                      f"running mean {j['running_mean']:>6.1f} peak {j['running_peak']:>4}  "
+                      f"preemptions {j['preemptions']:>5}  wall {j['wall_s']:.1f}s "
                       f"init {r['init_s']:.0f}s  wrapper steps {j.get('wrapper_steps')}{extra}")
                 summarize_profile(j)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import subprocess
 
 import torch
-
 from bench_mixed import MIXED, build, gpu_us, kernels  # scripts/gpu/bench_mixed.py
 from sweep_decode import forced, replay_us  # scripts/gpu/sweep_decode.py
 

@@ -7,7 +7,7 @@ Stock vLLM with its defaults (FlashAttention 3, block 16, prefix caching on) and
 workload and report under OUT/bench-WORKLOAD; the server logs go to OUT/logs.
 
 usage: python3 scripts/gpu/prefix_bench.py MODEL_DIR OUT [--workloads shared-prefix,multi-turn]
-       [-c 32,128] [-n 160] [--kv-cache-dtype auto]
+       [-c 32,128] [-n 160] [--kv-cache-dtype auto] [--proxima-first | --solo]
 (after `.gpu-bundle/device.sh install && source /tmp/gpu-env`; scripts/gpu/run.sh prefix runs it)
 """
 
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from proxima.launcher import ManagedServer, ServerSpec
+from proxima.server_process import ManagedServer, ServerSpec
 
 KV_BYTES = 1 << 30
 
@@ -33,6 +33,8 @@ def main() -> int:
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--proxima-first", action="store_true",
                    help="proxima as A: its levels run first (to tell ordering effects from engines)")
+    p.add_argument("--solo", action="store_true",
+                   help="one server at a time, each alone on the GPU (to tell sharing effects from engines)")
     args = p.parse_args()
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -43,6 +45,8 @@ def main() -> int:
     servers = [ManagedServer(ServerSpec(args.model, variant, args=flags,
                                         log_path=logs / f"{variant}.log"))
                for variant in ("stock", "token")]
+    if args.solo:
+        return _solo(servers, args)
     try:
         for server in servers:
             server.spawn()
@@ -63,6 +67,23 @@ def main() -> int:
     finally:
         for server in servers:
             server.stop()
+
+
+def _solo(servers: list[ManagedServer], args: argparse.Namespace) -> int:
+    failed = 0
+    for server, label in zip(servers, ("stock", "proxima"), strict=True):
+        try:
+            server.spawn()
+            server.wait_ready(timeout=900)
+            for workload in args.workloads.split(","):
+                cmd = ["proxima", "bench", "--url", server.url, "--workload", workload,
+                       "-c", args.concurrency, "-n", args.requests, "--slo-p95", "20",
+                       "--out", str(args.out / f"bench-{workload}-{label}")]
+                print("$", " ".join(cmd), flush=True)
+                failed |= subprocess.run(cmd, check=False).returncode
+        finally:
+            server.stop()
+    return failed
 
 
 if __name__ == "__main__":

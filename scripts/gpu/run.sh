@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (after .gpu-bundle/device.sh install): kernel tests, decode microbenchmark,
 # end-to-end A/B. Logs and JSON go to $OUT.
-# usage: bash scripts/gpu/run.sh {kernels|mixed|sweep|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8}
+# usage: bash scripts/gpu/run.sh {kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8}
 #        [e2e options: --only NAME,... --profile]
 set -uo pipefail
 source /tmp/gpu-env
@@ -14,11 +14,17 @@ case ${1:-} in
 kernels)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -m pytest -q -p no:cacheprovider tests/test_attention_kernels.py tests/test_attention_splitkv.py \
-    tests/test_attention_gpu_shapes.py tests/test_attention_gpu_graphs.py tests/test_launcher.py \
+    tests/test_attention_gpu_shapes.py tests/test_attention_gpu_graphs.py tests/test_kernel_launch.py \
     -k "triton or split or launch or graph or precompiled" 2>&1 | tail -5 | tee "$out/kernel-tests.txt"
   bench bench_decode decode
   ;;
 mixed) bench bench_mixed mixed ;;
+guard)  # decode grid (bf16, fp8), mixed and prefill cases as ratios to FA3 in this run; exit 1 past 10% worse
+  python3 scripts/gpu/bench_fp8.py --json "$out/guard-fp8.json" >/dev/null 2>&1
+  python3 scripts/gpu/bench_mixed.py --json "$out/guard.json" --include "$out/guard-fp8.json" \
+    --guard scripts/gpu/attention_ratios.json 2>&1 | grep -v Warning | tee "$out/guard.txt"
+  exit "${PIPESTATUS[0]}"
+  ;;
 fp8)  # fp8 KV kernel tests, then decode under graph replay: Proxima fp8 vs FA3 fp8 (and both bf16)
   python3 -m pytest -q -p no:cacheprovider tests/test_attention_fp8.py 2>&1 | tail -5 \
     | tee "$out/fp8-kernel-tests.txt"
@@ -33,6 +39,7 @@ proxima-1g-full,stock-triton-seeded-fp8,stock-fa3-seeded-fp8,proxima-seeded-fp8,
     2>&1 | tee "$out/e2e-fp8.txt"
   ;;
 sweep) bench sweep_decode sweep ;;
+sweep-fp8) bench sweep_fp8_decode sweep-fp8 ;;  # fp8 decode shapes at the points furthest from FA3 fp8
 sweep-prefill) bench sweep_prefill sweep-prefill ;;
 prefill-stages)
   python3 scripts/gpu/prefill_stages.py 2>&1 | grep -v Warning | tee "$out/prefill-stages.txt"
@@ -48,5 +55,5 @@ e2e)
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
   python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e" "$@" 2>&1 | tee "$out/e2e.txt"
   ;;
-*) echo "usage: run.sh kernels|mixed|sweep|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8" >&2; exit 2 ;;
+*) echo "usage: run.sh kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8" >&2; exit 2 ;;
 esac

@@ -14,18 +14,16 @@ usage: python scripts/gpu/sweep_decode.py [--json OUT]   (needs CUDA and vLLM 0.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 from collections.abc import Callable, Iterable
 
 import torch
 import triton
-
 from bench_mixed import SCALE, build, graph_us, kernels  # scripts/gpu/bench_mixed.py
 
-from proxima.engine.attention.planning import TileConfig, num_sms
-from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan, choose_launch_shape
+from proxima.engine.attention.planning import TileConfig, choose_launch_shape, num_sms
+from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan
 
 POINTS = [(1, 2048), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (46, 300), (128, 1024),
           (256, 2048)]
@@ -38,18 +36,33 @@ def replay_us(fn) -> float:
     return graph_us(fn, warmup=10, rep=40)
 
 
-def forced(b, out, tiles: TileConfig, splits: int):
+def forced(b, out, tiles: TileConfig, splits: int, rows=None, kv_scales=None):
     """A launch of Proxima's kernels on batch ``b`` with this shape, through the launcher's own
-    plan; returns it and the main kernel's compile key."""
+    plan; returns it and the main kernel's compile key. ``rows``/``kv_scales``: another cache for
+    the same slots (bench_fp8's e4m3 copy) and its scales."""
     d = b.q.shape[2]
-    plan = _launch_plan(b.q, b.rows[:, :, :d], b.rows[:, :, d:], b.slot_table, b.cu_q, b.seq_lens, SCALE, out,
-                        b.q.shape[0], tiles, splits)
+    rows = b.rows if rows is None else rows
+    plan = _launch_plan(b.q, rows[:, :, :d], rows[:, :, d:], b.slot_table, b.cu_q, b.seq_lens, SCALE, out,
+                        b.q.shape[0], tiles, splits, kv_scales)
 
     def run():
         for launch, grid, args, key, options in plan:
             launch(grid, args, key, **options)
 
     return run, plan[0][3]
+
+
+def timed_run(b, out, reference, tiles: TileConfig, splits: int, rows=None, kv_scales=None) -> dict:
+    """One forced launch (``forced``) replayed: its time, its largest difference from ``reference``,
+    its registers and spills; or the error that stopped it (e.g. a shape past shared memory)."""
+    try:
+        run, key = forced(b, out, tiles, splits, rows, kv_scales)
+        us = replay_us(run)
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {err}"[:160]}
+    kernel = _launch_attention._compiled.get(key)
+    return {"us": us, "max_abs_diff": float((out.float() - reference.float()).abs().max()),
+            "regs": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)}
 
 
 def sweep_cli(cases: Iterable[tuple], sweep: Callable[..., dict], report: Callable[[dict], None]) -> None:
@@ -77,19 +90,8 @@ def sweep_point(batch: int, ctx: int) -> dict:
     for tiles, splits in itertools.product(SHAPES, SPLITS):
         if splits > triton.cdiv(ctx, tiles.block_n):
             continue
-        try:
-            run, key = forced(b, out["proxima"], tiles, splits)
-            us = replay_us(run)
-            diff = float((out["proxima"].float() - out["fa3"].float()).abs().max())
-        except Exception as err:  # e.g. a shape that does not fit shared memory
-            result["runs"].append({"tiles": dataclasses.asdict(tiles),
-                                   "splits": splits, "error": f"{type(err).__name__}: {err}"[:160]})
-            continue
-        kernel = _launch_attention._compiled.get(key)
         result["runs"].append({"block_n": tiles.block_n, "warps": tiles.num_warps, "stages": tiles.num_stages,
-                               "splits": splits, "us": us, "max_abs_diff": diff,
-                               "regs": getattr(kernel, "n_regs", None),
-                               "spills": getattr(kernel, "n_spills", None)})
+                               "splits": splits, **timed_run(b, out["proxima"], out["fa3"], tiles, splits)})
     # What slot_attention_triton itself picks for a captured decode graph, and its time.
     tiles, splits = choose_launch_shape(b.q, b.rows[:, :, : b.q.shape[2]], b.slot_table, b.cu_q, None, None)
     result["current"] = {"block_n": tiles.block_n, "warps": tiles.num_warps, "stages": tiles.num_stages,
@@ -97,16 +99,19 @@ def sweep_point(batch: int, ctx: int) -> dict:
     return result
 
 
-def report_point(r: dict) -> None:
+def shape_name(x: dict) -> str:
+    return f"n{x['block_n']} w{x['warps']} s{x['stages']} x{x['splits']}"
+
+
+def report_sweep(r: dict, reference: str = "fa3_us", label: str = "FA3") -> None:
+    """One decode point of a sweep: the planner's pick, the best run, and each shape's best split
+    count beside its unsplit time, registers and spills; ``reference`` is the result's FA3 time."""
     ok = [x for x in r["runs"] if "us" in x]
     best = min(ok, key=lambda x: x["us"])
-    cur = r["current"]
-    worst_diff = max(x["max_abs_diff"] for x in ok)
-    print(f"{r['batch']:>4} x {r['context']:>6}: FA3 {r['fa3_us']:7.1f} | current n{cur['block_n']} "
-          f"w{cur['warps']} s{cur['stages']} x{cur['splits']} {cur['us']:7.1f} | best n{best['block_n']} "
-          f"w{best['warps']} s{best['stages']} x{best['splits']} {best['us']:7.1f} "
-          f"({best['us'] / r['fa3_us']:.2f}x FA3) | max diff {worst_diff:.4f}")
-    # Per shape: its best split count.
+    cur, ref = r["current"], r[reference]
+    print(f"{r['batch']:>4} x {r['context']:>6}: {label} {ref:7.1f} | current {shape_name(cur)} "
+          f"{cur['us']:7.1f} ({cur['us'] / ref:.2f}x) | best {shape_name(best)} {best['us']:7.1f} "
+          f"({best['us'] / ref:.2f}x {label}) | max diff {max(x['max_abs_diff'] for x in ok):.4f}")
     for shape in sorted({(x["block_n"], x["warps"], x["stages"]) for x in ok}):
         runs = [x for x in ok if (x["block_n"], x["warps"], x["stages"]) == shape]
         top = min(runs, key=lambda x: x["us"])
@@ -115,9 +120,9 @@ def report_point(r: dict) -> None:
               f"regs {top['regs']} spills {top['spills']}")
     for x in r["runs"]:
         if "error" in x:
-            print(f"      error {x['tiles']} x{x['splits']}: {x['error']}")
+            print(f"      error {shape_name(x)}: {x['error']}")
             break
 
 
 if __name__ == "__main__":
-    sweep_cli(POINTS, sweep_point, report_point)
+    sweep_cli(POINTS, sweep_point, report_sweep)

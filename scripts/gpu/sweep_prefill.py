@@ -2,8 +2,9 @@
 
 For each case of bench_mixed.py (serving-shaped mixed steps, prefills, a chunked prefill; Llama-3-8B
 attention shapes, bf16, fragmented slots) this times Proxima's kernels replayed from a CUDA graph
-for every tile shape in the grid below (query rows, KV tile, warps, pipeline stages), each with
-the split count the planner gives that shape, forced through the launcher's own launch plan, next
+for every tile shape in the grid below (query rows, KV tile, warps, pipeline stages; gathered, and
+with dense-tile TMA reads, `TileConfig.dense_kv`, which apply on the contiguous-slot cases), each
+with the split count the planner gives that shape, forced through the launcher's own launch plan, next
 to FlashAttention 3 replayed the same way. It prints per case what `slot_attention_triton` picks
 itself (`choose_launch_shape`, with vLLM's host hints) and its time, the best shape, and each
 shape's time, registers and spills. Each forced launch is checked against FA3.
@@ -14,15 +15,13 @@ usage: python scripts/gpu/sweep_prefill.py [--json OUT]   (needs CUDA and vLLM 0
 from __future__ import annotations
 
 import torch
-
 from bench_mixed import MIXED, build, kernels  # scripts/gpu/bench_mixed.py
-from sweep_decode import forced, replay_us, sweep_cli  # scripts/gpu/sweep_decode.py
+from sweep_decode import forced, replay_us, sweep_cli, timed_run  # scripts/gpu/sweep_decode.py
 
-from proxima.engine.attention.planning import TileConfig
-from proxima.engine.attention.triton_attention import _launch_attention, choose_launch_shape
+from proxima.engine.attention.planning import TileConfig, choose_launch_shape
 
-SHAPES = [TileConfig(m, n, w, s) for m in (64, 128) for n in (32, 64, 128)
-          for w, s in ((4, 2), (4, 3), (8, 2), (8, 3))]
+SHAPES = [TileConfig(m, n, w, s, dense_kv=dense) for dense in (False, True) for m in (64, 128)
+          for n in (32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 2), (8, 3))]
 
 
 def launch_shape(b, tiles: TileConfig | None) -> tuple[TileConfig, int]:
@@ -39,17 +38,8 @@ def sweep_case(name: str, requests: list[tuple[int, int]], seed: int) -> dict:
     for shape in SHAPES:
         tiles, splits = launch_shape(b, shape)
         entry = {"block_m": tiles.block_m, "block_n": tiles.block_n, "warps": tiles.num_warps,
-                 "stages": tiles.num_stages, "splits": splits}
-        try:
-            run, key = forced(b, out["proxima"], tiles, splits)
-            entry["us"] = replay_us(run)
-            entry["max_abs_diff"] = float((out["proxima"].float() - out["fa3"].float()).abs().max())
-        except Exception as err:  # e.g. a shape that does not fit shared memory
-            entry["error"] = f"{type(err).__name__}: {err}"[:160]
-        else:
-            kernel = _launch_attention._compiled.get(key)
-            entry["regs"] = getattr(kernel, "n_regs", None)
-            entry["spills"] = getattr(kernel, "n_spills", None)
+                 "stages": tiles.num_stages, "splits": splits, "dense": tiles.dense_kv}
+        entry.update(timed_run(b, out["proxima"], out["fa3"], tiles, splits))
         result["runs"].append(entry)
     tiles, splits = launch_shape(b, None)
     run, _ = forced(b, out["proxima"], tiles, splits)
@@ -59,7 +49,8 @@ def sweep_case(name: str, requests: list[tuple[int, int]], seed: int) -> dict:
 
 
 def shape_name(x: dict) -> str:
-    return f"m{x['block_m']} n{x['block_n']} w{x['warps']} s{x['stages']} x{x['splits']}"
+    dense = " dense" if x.get("dense") else ""
+    return f"m{x['block_m']} n{x['block_n']} w{x['warps']} s{x['stages']} x{x['splits']}{dense}"
 
 
 def report_case(r: dict) -> None:

@@ -40,15 +40,16 @@ from pathlib import Path
 
 import httpx
 
-from proxima.launcher import ManagedServer, ServerSpec, ServerStartError
 from proxima.scrape import scrape_sync
+from proxima.server_process import ManagedServer, ServerSpec, ServerStartError
 from proxima.tiny_model import TinyModelSpec, build_tiny_model
 
 SPEC = TinyModelSpec(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
                      num_key_value_heads=4, head_dim=128, init_std=0.05, seed=1)
 KV_BYTES = 1 << 30
-COMMON = ("--tensor-parallel-size", "2", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "64",
-          "--kv-cache-memory-bytes", str(KV_BYTES), "--no-enable-prefix-caching", "--seed", "0")
+COMMON = ("--tensor-parallel-size", "2", "--dtype", "float32", "--max-model-len", "1024",
+          "--max-num-seqs", "64", "--kv-cache-memory-bytes", str(KV_BYTES), "--no-enable-prefix-caching",
+          "--seed", "0")
 # NCCL only (see the module docstring). Proxima keeps its FULL graphs, which an explicit
 # --compilation-config would otherwise replace with vLLM's default.
 NO_FUSED_ALLREDUCE = '"pass_config": {"fuse_allreduce_rms": false}'

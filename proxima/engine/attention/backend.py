@@ -207,7 +207,7 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         k_cache, v_cache = self._split(kv_cache)
         scales = self._kv_scales(layer)
         if key.is_cuda:
-            from proxima.engine.attention.triton_attention import write_kv_triton
+            from proxima.engine.attention.triton_write_kv import write_kv_triton
 
             write_kv_triton(key, value, k_cache, v_cache, slot_mapping, scales)
         else:
@@ -238,10 +238,8 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         q = query.view(query.shape[0], self.num_heads, self.head_size)
         out = output.view(output.shape[0], self.num_heads, self.head_size)
         if q.is_cuda:
-            from proxima.engine.attention.triton_attention import (
-                precompile_attention_once,
-                slot_attention_triton,
-            )
+            from proxima.engine.attention.triton_attention import slot_attention_triton
+            from proxima.engine.attention.warmup import precompile_attention_once
 
             if not self._variants_ready:  # first calls run in vLLM's warm-up, before serving
                 self._variants_ready = precompile_attention_once(

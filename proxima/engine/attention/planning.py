@@ -26,22 +26,46 @@ KV_STAGE_BUDGET_BYTES = 160 * 1024
 DECODE_KV_STAGE_BUDGET_BYTES = 192 * 1024
 
 
+def head_size_pad(head_size: int) -> int:
+    # A power of two for tl.arange, and at least tl.dot's 16.
+    return max(16, triton.next_power_of_2(head_size))
+
+
+def grid_tiles(num_tokens: int, num_requests: int, block_q: int) -> int:
+    # Request r's tiles start at query_start_loc[r] // block_q + r, and every tile index is below
+    # query_start_loc[R] // block_q + R <= T // block_q + R: an upper bound from shapes alone.
+    return num_tokens // block_q + num_requests
+
+
 @dataclass(frozen=True, slots=True)
 class TileConfig:
-    """Launch shape of ``_slot_attention_kernel``."""
+    """Launch shape of ``_slot_attention_kernel``.
+
+    A mixed launch (``short_block_m`` > 0) gives each request whose queries fit one tile of
+    ``short_block_m`` rows (decodes, speculative decodes) that smaller tile and its own KV tile
+    width, in the same launch as the ``block_m`` tiles of the longer queries: which shape a
+    program takes is read from the request's query length on the GPU, so the plan suits any batch
+    a CUDA graph replays. Warps and pipeline stages are per launch, shared by both shapes.
+    """
 
     block_m: int  # rows per program: BLOCK_Q query tokens x the GQA group of one KV head (>= 16)
     block_n: int  # KV token positions per tile (>= 16: tl.dot's minimum)
     num_warps: int = 4
     num_stages: int = 3
+    short_block_m: int = 0  # 0: one shape for every request
+    short_block_n: int = 0
+    # The long tiles read a request's K/V through TMA descriptors wherever its slots are one
+    # ascending run (checked on the GPU, per program; the gather elsewhere). Not chosen by the
+    # planner yet: built and tested, its H200 timing is still to be taken (docs/benchmarks.md).
+    dense_kv: bool = False
 
 
 @lru_cache(maxsize=4096)  # pure, and asked per layer per step
-def choose_tiles(
-    num_tokens: int, num_requests: int, group: int, head_size_pad: int, itemsize: int,
-    max_query_len: int | None,
-) -> TileConfig:
+def choose_tiles(group: int, head_size_pad: int, itemsize: int, max_query_len: int | None) -> TileConfig:
     """Tile shape from shapes and host-side hints alone (no device reads). Any choice is correct.
+
+    ``max_query_len`` None means unknown (a CUDA graph being captured replays other batches):
+    the plan is then a mixed one, as for any batch with queries longer than one token.
 
     Measured on an H200 (bf16, Hq=32, Hkv=8, D=128): 64x64 tiles ran a 4096-token prefill 3.3x
     and a decode+prefill mix 2.1x faster than 16x32; on decode-only batches 16-row tiles were
@@ -50,25 +74,37 @@ def choose_tiles(
     graphs at 9 batch x context points; 128-token tiles with 4 warps and 3 stages (168
     registers, no spills) were the fastest shape or within 6% of it at every point, where the
     64-token tiles ran up to 1.28x slower (32 x 8,192: 325 against 254-272 us; FA3 259).
+    Mixed batches give their decodes that decode shape in the same launch: with one 64-row shape
+    for all, 46 decodes + a 150-token prefill ran 1.69x FA3 on the H200 (scripts/gpu/run.sh mixed).
     """
     if itemsize >= 4:
         # fp32 storage (tests, debugging; not a serving dtype): 3xTF32 dots spill registers on
         # bigger tiles; 16x32 was fastest on the H200 for both decode and prefill at D=128/256.
         return TileConfig(block_m=max(16, triton.next_power_of_2(group)), block_n=32, num_stages=2)
-    if max_query_len is not None:
-        decode_only = max_query_len <= 1
-    else:  # guess from shapes, leaving room for cudagraph padding rows
-        decode_only = num_tokens <= 2 * num_requests
-    block_m = max(16 if decode_only else 64, triton.next_power_of_2(group))
-    if block_m == 16:  # decode with GQA groups up to 16: the sweep's shape (docstring)
-        block_n, num_stages, budget = 128, 3, DECODE_KV_STAGE_BUDGET_BYTES
-    else:  # 2 stages won on one H200 and lost on two others (docs/benchmarks.md, prefill tile shape)
-        block_n, num_stages, budget = 64, 3, KV_STAGE_BUDGET_BYTES
+    decode_m = max(16, triton.next_power_of_2(group))
+    if decode_m == 16:  # the sweep's shape (docstring), for GQA groups up to 16
+        decode = _fit_shared_memory(16, 128, head_size_pad, itemsize, DECODE_KV_STAGE_BUDGET_BYTES)
+    else:
+        decode = _fit_shared_memory(decode_m, 64, head_size_pad, itemsize, KV_STAGE_BUDGET_BYTES)
+    if max_query_len is not None and max_query_len <= 1:
+        return decode
+    # 2 stages won on one H200 and lost on two others (docs/benchmarks.md, prefill tile shape).
+    prefill = _fit_shared_memory(max(64, triton.next_power_of_2(group)), 64, head_size_pad, itemsize,
+                                 KV_STAGE_BUDGET_BYTES)
+    return TileConfig(block_m=prefill.block_m, block_n=prefill.block_n,
+                      num_stages=min(prefill.num_stages, decode.num_stages),
+                      short_block_m=decode.block_m, short_block_n=decode.block_n)
+
+
+def _fit_shared_memory(
+    block_m: int, block_n: int, head_size_pad: int, itemsize: int, budget: int
+) -> TileConfig:
+    """Wide heads: drop a pipeline stage, then halve the KV tile, until the staged K/V tiles fit."""
+    num_stages = 3
 
     def stage_bytes() -> int:
         return num_stages * 2 * block_n * head_size_pad * itemsize
 
-    # Wide heads: drop a pipeline stage, then halve the KV tile, to fit shared memory.
     if stage_bytes() > budget:
         num_stages = 2
     while stage_bytes() > budget and block_n > 16:
@@ -122,14 +158,19 @@ def choose_num_splits(num_programs: int, num_kv_tiles: int, num_sms: int | None)
 def longest_context(slot_table: Tensor, max_seq_len: int | None) -> int:
     """Longest context a launch may see, from the host: the hint, else the slot table width.
 
-    A graph captured now replays with other lengths (vLLM captures with dummy ones), so during
-    capture only the width, which bounds every seq_len, is a safe basis for the split count.
+    The width bounds every seq_len, so it is the safe basis for the split count when there is no
+    hint, as during a graph capture (the caller drops its hints there: see ``capturing``).
     """
     width = slot_table.shape[1]
-    capturing = slot_table.is_cuda and torch.cuda.is_current_stream_capturing()
-    if max_seq_len is None or capturing:
+    if max_seq_len is None:
         return width
     return max(1, min(int(max_seq_len), width))
+
+
+def capturing(t: Tensor) -> bool:
+    """A CUDA graph is being captured on ``t``'s stream: host hints then describe only the
+    capture's dummy batch, not the batches the graph will replay."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 @cache
@@ -142,3 +183,37 @@ def num_sms(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_launch_shape(
+    query: Tensor, k_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
+    max_query_len: int | None, max_seq_len: int | None, tiles: TileConfig | None = None,
+) -> tuple[TileConfig, int]:
+    """Tile shape and split-KV count of a `slot_attention_triton` call with these arguments.
+
+    ``tiles`` forces the shape (the GPU sweeps time shapes the planner would not pick), leaving the
+    split count to the planner."""
+    num_tokens, num_query_heads, head_size = query.shape
+    num_kv_heads = k_cache.shape[1]
+    num_requests = query_start_loc.shape[0] - 1
+    group = num_query_heads // num_kv_heads
+    if capturing(slot_table):
+        # A graph captured now replays other batches: the hints describe only the capture's dummy
+        # one, so its query lengths are unknown (mixed plan) and the table width bounds its context.
+        max_query_len = max_seq_len = None
+    if tiles is None:
+        tiles = choose_tiles(group, head_size_pad(head_size), query.dtype.itemsize, max_query_len)
+    # Real tiles number at most T (each holds a token): the tighter estimate for a decode batch.
+    num_tiles = grid_tiles(num_tokens, num_requests, tiles.block_m // group)
+    # Small grids, the ones that split, are decode batches: in a mixed plan their KV tiles are the
+    # short shape's.
+    kv_tile = tiles.short_block_n or tiles.block_n
+    num_splits = choose_num_splits(min(num_tiles, num_tokens) * num_kv_heads,
+                                   triton.cdiv(longest_context(slot_table, max_seq_len), kv_tile),
+                                   num_sms(query.device))
+    if not (isinstance(num_splits, int) and num_splits >= 1):
+        raise ValueError(
+            f"slot_attention_triton: choose_num_splits gave {num_splits!r}; it must be an int >= 1"
+        )
+    bytes_per_split = num_tokens * num_query_heads * (head_size + 2) * 4
+    return tiles, min(num_splits, max(1, SPLIT_WORKSPACE_BUDGET_BYTES // bytes_per_split))

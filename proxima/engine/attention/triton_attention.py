@@ -18,6 +18,14 @@ decode):
 - K/V are read ``BLOCK_N`` token positions at a time, each position's slot looked up in
   ``slot_table``, with an online softmax in float32.
 - the tile loop lives in ``_attend_kv_tiles`` and takes a ``[tile_start, tile_end)`` range.
+- mixed plans (any call whose queries may be longer than one token, and every CUDA-graph
+  capture, since a FULL graph replays mixed steps): a request whose queries fit one decode-shaped
+  tile (``SHORT_BLOCK_M`` rows, ``SHORT_BLOCK_N``-token KV tiles) is attended with that shape by
+  its first program, chosen on the GPU from its query length; longer ones get ``BLOCK_M``-row
+  tiles. One launch, one grid, whatever the mix: a decode does not pay for 64 mostly empty rows.
+- dense-tile reads (``TileConfig.dense_kv``, not planned yet: docs/benchmarks.md, issue 18): a
+  long-tile program whose slots are one ascending run reads K/V through 2-D tensor descriptors
+  (TMA on Hopper) instead of the gather, decided on the GPU per program.
 
 Split-KV (flash-decoding), for launches whose grid is too small to fill the GPU (small batches
 of long decodes: the grid is ~ requests x Hkv programs, each walking its whole context alone):
@@ -29,16 +37,15 @@ of long decodes: the grid is ~ requests x Hkv programs, each walking its whole c
   ``max_seq_len`` (graph capture) costs speed only, and a split count above a request's tile
   count leaves empty segments, which store the neutral partial (m = -inf, l = 0);
 - every program stores unnormalised ``(acc, m, l)`` per row into a float32 workspace sized from
-  host-known numbers only (T, Hq, D, S), and ``_merge_splits_kernel`` combines the S partials of
+  host-known numbers only (T, Hq, D, S), and ``triton_merge_splits`` combines the S partials of
   each (token, head) with a log-sum-exp into ``output``;
 - one split count per launch applies to every tile, prefill tiles included: correctness never
   rests on the batch being decode-only, the kernel body stays one, and a short chunked prefill
   over a long context (few tiles) gains the same parallelism. Splits are only chosen when the
   grid is small, which keeps T small; a byte budget caps the workspace regardless.
 
-fp8 caches (``quant.py`` states the semantics, vLLM's): ``_write_kv_kernel`` stores
-``fp8(x / scale)`` saturated to the format's finite range, rounding to nearest even as vLLM's
-CUDA writers do. The attention kernel loads fp8 K/V tiles and widens them exactly to the dot
+fp8 caches (``quant.py`` states the semantics, vLLM's; ``triton_write_kv`` writes them). The
+attention kernel loads fp8 K/V tiles and widens them exactly to the dot
 dtype inside the gather; it never multiplies a tile by its scale: ``k_scale`` is folded into the
 softmax scale (``qk_scale``) and ``v_scale`` into the epilogue (the unnormalised accumulator,
 before the division or the split partial's store, so the merge needs nothing). Scales are read
@@ -52,121 +59,29 @@ with unit stride along D.
 
 from __future__ import annotations
 
-import logging
-import time
-from functools import cache
-
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from proxima.engine.attention.checks import check_attention_args, check_unit_stride, check_write_kv_args
-from proxima.engine.attention.launcher import CompiledLaunch, tensor_key
-from proxima.engine.attention.planning import (
-    MAX_SPLITS,
-    SPLIT_WORKSPACE_BUDGET_BYTES,
-    TileConfig,
-    choose_num_splits,
-    choose_tiles,
-    longest_context,
-    num_sms,
+from proxima.engine.attention.checks import check_attention_args, check_unit_stride
+from proxima.engine.attention.kernel_launch import CompiledLaunch, tensor_key
+from proxima.engine.attention.launch_args import (
+    check_backend,
+    dot_dtype,
+    scale_args,
+    split_workspace,
 )
+from proxima.engine.attention.planning import TileConfig, choose_launch_shape, grid_tiles, head_size_pad
 from proxima.engine.attention.quant import KVScales
+from proxima.engine.attention.triton_dense_kv import (
+    _attend_dense_kv_tiles,
+    _slot_run_start,
+    dense_kv_ok,
+    kv_descriptors,
+)
+from proxima.engine.attention.triton_merge_splits import UNSPECIALIZED, merge_launch
 
 _LOG2_E = 1.4426950408889634
-# Arguments the attention kernels are not specialised on, so that no batch size, row limit or
-# split count compiles a new variant (the m/l workspace strides are Hq*S and S).
-_UNSPECIALIZED = ("num_requests", "num_actual_tokens", "num_splits", "stride_ml_t", "stride_ml_h")
-
-# Under "vllm." so the line lands in the server log with vLLM's own handlers and format.
-logger = logging.getLogger(f"vllm.{__name__}")
-
-
-@triton.jit
-def _on_fp8_grid(x, MANTISSA_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr, SUBNORMAL_MAGIC: tl.constexpr):
-    """float32 ``x`` (within the fp8 range) rounded to nearest even on the fp8 grid, as float32.
-
-    Only under the interpreter: its float32 -> fp8 cast drops the carry when rounding reaches the
-    next power of two (7.9 becomes 4.0 in e4m3), so the interpreter casts values already on the
-    grid. GPUs round in the conversion itself (cvt.rn.satfinite), which is what vLLM relies on.
-    """
-    shift: tl.constexpr = 23 - MANTISSA_BITS
-    bits = x.to(tl.int32, bitcast=True)
-    bits = (bits + ((1 << (shift - 1)) - 1) + ((bits >> shift) & 1)) & -(1 << shift)
-    normal = bits.to(tl.float32, bitcast=True)
-    # Below the smallest normal the grid is uniform: adding and removing 2^23 ulps rounds to it.
-    magnitude = tl.abs(x)
-    subnormal = (magnitude + SUBNORMAL_MAGIC) - SUBNORMAL_MAGIC
-    subnormal = tl.where(x < 0, -subnormal, subnormal)
-    return tl.where(magnitude < MIN_NORMAL, subnormal, normal)
-
-
-@triton.jit
-def _write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, k_scale_ptr, v_scale_ptr,
-    stride_key_t, stride_key_h, stride_value_t, stride_value_h,
-    stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h,
-    NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
-    HEADS_PAD: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr,
-    QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr,
-    GRID_ROUNDING: tl.constexpr, MANTISSA_BITS: tl.constexpr, MIN_NORMAL: tl.constexpr,
-    SUBNORMAL_MAGIC: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_mapping_ptr + row).to(tl.int64)
-    if slot < 0:  # padding token
-        return
-    heads = tl.arange(0, HEADS_PAD)[:, None]
-    dims = tl.arange(0, HEAD_SIZE_PAD)[None, :]
-    mask = (heads < NUM_KV_HEADS) & (dims < HEAD_SIZE)
-    k = tl.load(key_ptr + row * stride_key_t + heads * stride_key_h + dims, mask=mask)
-    v = tl.load(value_ptr + row * stride_value_t + heads * stride_value_h + dims, mask=mask)
-    if QUANT:
-        # fp8(x / scale) in float32, saturated as vLLM's satfinite conversions are (a bare cast
-        # would give NaN past the range under the interpreter); the store rounds to nearest even.
-        head_ok = heads < NUM_KV_HEADS
-        k_scale = tl.load(k_scale_ptr + heads * SCALE_STRIDE, mask=head_ok, other=1.0)
-        v_scale = tl.load(v_scale_ptr + heads * SCALE_STRIDE, mask=head_ok, other=1.0)
-        k = tl.clamp(k.to(tl.float32) / k_scale, -FP8_MAX, FP8_MAX)
-        v = tl.clamp(v.to(tl.float32) / v_scale, -FP8_MAX, FP8_MAX)
-        if GRID_ROUNDING:
-            k = _on_fp8_grid(k, MANTISSA_BITS, MIN_NORMAL, SUBNORMAL_MAGIC)
-            v = _on_fp8_grid(v, MANTISSA_BITS, MIN_NORMAL, SUBNORMAL_MAGIC)
-    tl.store(k_cache_ptr + slot * stride_kc_s + heads * stride_kc_h + dims,
-             k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + slot * stride_vc_s + heads * stride_vc_h + dims,
-             v.to(v_cache_ptr.dtype.element_ty), mask=mask)
-
-
-_launch_write_kv = CompiledLaunch(_write_kv_kernel)
-
-
-def write_kv_triton(
-    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
-    scales: KVScales | None = None,
-) -> None:
-    """Triton ``write_kv``: skips negative slots in-kernel (no host sync). Slots must be distinct
-    and in range; out-of-range slots are not checked (that would sync). An fp8 cache takes its
-    layer's ``scales`` and is written rounding to nearest even (vLLM's CUDA writers)."""
-    check_write_kv_args(key, value, k_cache, v_cache, slot_mapping, scales)
-    check_unit_stride("write_kv_triton",
-                      (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)))
-    if not slot_mapping.is_contiguous():
-        raise ValueError("write_kv_triton: slot_mapping must be contiguous")
-    _check_backend(key, "write_kv_triton")
-    num_rows = slot_mapping.shape[0]
-    if num_rows == 0:
-        return
-    num_kv_heads, head_size = k_cache.shape[1], k_cache.shape[2]
-    k_scale, v_scale, quant = _scale_args(scales, k_cache)
-    tensors = (key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    ints = (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1))
-    constexprs = (num_kv_heads, head_size, triton.next_power_of_2(num_kv_heads),
-                  triton.next_power_of_2(head_size), *quant, *_fp8_grid_constants(k_cache.dtype))
-    _launch_write_kv((num_rows, 1, 1), (*tensors, *ints, *constexprs),
-                     (key.device.index, tensor_key(tensors), ints, constexprs))
 
 
 @triton.jit
@@ -218,31 +133,22 @@ def _attend_kv_tiles(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=_UNSPECIALIZED)
-def _slot_attention_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr, v_scale_ptr,
-    qk_scale, num_requests, num_actual_tokens, num_splits,
-    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-    stride_k_s, stride_k_h, stride_v_s, stride_v_h, stride_table_r,
+@triton.jit
+def _attend_query_tile(
+    q_ptr, k_ptr, v_ptr, out_ptr, slot_row_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr, v_scale_ptr,
+    k_desc, v_desc, qk_scale, num_actual_tokens, num_splits, q_start, q_len, seq_len, local_tile, kv_head,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_k_s, stride_k_h, stride_v_s, stride_v_h,
     stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-    QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr,
+    QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, DENSE_KV: tl.constexpr,
 ):
-    """Unified (``SPLIT`` False: writes ``out``) or one KV segment (``SPLIT``: writes partials)."""
-    tile_idx = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    req = _find_request(query_start_loc_ptr, tile_idx, num_requests, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + req)
-    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    local_tile = tile_idx - (q_start // BLOCK_Q + req)
-    if local_tile * BLOCK_Q >= q_len:  # surplus program, or a request with no queries
-        return
-    seq_len = tl.load(seq_lens_ptr + req)
-    context = seq_len - q_len
+    """Query tile ``local_tile`` (``BLOCK_Q`` tokens x the GQA group) of one request, one KV head.
 
+    ``DENSE_KV``: when the slots this program reads are one ascending run (checked here, on the
+    GPU), K/V tiles come through the tensor descriptors instead of the per-token gather."""
+    context = seq_len - q_len
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     q_idx = local_tile * BLOCK_Q + offs_m // GROUP  # query index within the request
@@ -270,15 +176,42 @@ def _slot_attention_kernel(
     else:
         tile_start = 0
         tile_end = num_kv_tiles
-    slot_row_ptr = slot_table_ptr + req.to(tl.int64) * stride_table_r
     if QUANT:  # q . (k_scale * K) == (qk_scale * k_scale) * (q . K): no tile is rescaled
         qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head * SCALE_STRIDE)
-    acc, l_i, m_i = _attend_kv_tiles(
-        q, acc, l_i, m_i,
-        k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, slot_row_ptr, seq_len, q_abs_pos,
-        qk_scale, stride_k_s, stride_v_s, tile_start, tile_end,
-        HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
-    )
+    gather = True
+    if DENSE_KV:  # a constexpr branch: the served variants compile none of this
+        run_start = _slot_run_start(slot_row_ptr, tile_start * BLOCK_N, num_keys, tile_start, tile_end,
+                                    BLOCK_N)
+        if run_start >= 0:
+            # Tiles wholly at or before the first query's position need no mask.
+            whole_end = tl.maximum(tl.minimum(tile_end, (context + local_tile * BLOCK_Q + 1) // BLOCK_N),
+                                   tile_start)
+            position_0 = run_start - tile_start * BLOCK_N
+            acc, l_i, m_i = _attend_dense_kv_tiles(
+                q, acc, l_i, m_i, k_desc, v_desc, kv_head * stride_k_h, kv_head * stride_v_h, position_0,
+                num_keys, q_abs_pos, qk_scale, tile_start, whole_end, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+                False,
+            )
+            acc, l_i, m_i = _attend_dense_kv_tiles(
+                q, acc, l_i, m_i, k_desc, v_desc, kv_head * stride_k_h, kv_head * stride_v_h, position_0,
+                num_keys, q_abs_pos, qk_scale, whole_end, tile_end, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+                True,
+            )
+        else:
+            acc, l_i, m_i = _attend_kv_tiles(
+                q, acc, l_i, m_i,
+                k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, slot_row_ptr, seq_len,
+                q_abs_pos, qk_scale, stride_k_s, stride_v_s, tile_start, tile_end,
+                HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+            )
+        gather = False
+    if gather:
+        acc, l_i, m_i = _attend_kv_tiles(
+            q, acc, l_i, m_i,
+            k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, slot_row_ptr, seq_len, q_abs_pos,
+            qk_scale, stride_k_s, stride_v_s, tile_start, tile_end,
+            HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+        )
     if QUANT:  # P (v_scale * V) == v_scale * (P V); partials too, so the merge stays as is
         acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
     if SPLIT:
@@ -296,43 +229,58 @@ def _slot_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit(do_not_specialize=_UNSPECIALIZED)
-def _merge_splits_kernel(
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr, out_ptr, query_start_loc_ptr,
-    num_requests, num_actual_tokens, num_splits,
-    stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h, stride_o_t, stride_o_h,
-    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+@triton.jit(do_not_specialize=UNSPECIALIZED)
+def _slot_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr, v_scale_ptr, k_desc, v_desc,
+    qk_scale, num_requests, num_actual_tokens, num_splits,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    stride_k_s, stride_k_h, stride_v_s, stride_v_h, stride_table_r,
+    stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
+    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SHORT_BLOCK_M: tl.constexpr, SHORT_BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, SHORT_DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr, DENSE_KV: tl.constexpr,
 ):
-    """``output[t, h]`` = log-sum-exp merge of the split partials of one (token, head)."""
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    # Exactly the rows the unified kernel writes: every row in [qsl[0], qsl[R]) belongs to a
-    # request, cut at num_actual_tokens. Other rows' partials were never written (garbage).
-    first = tl.load(query_start_loc_ptr)
-    last = tl.minimum(tl.load(query_start_loc_ptr + num_requests), num_actual_tokens)
-    if (token < first) | (token >= last):
+    """Unified (``SPLIT`` False: writes ``out``) or one KV segment (``SPLIT``: writes partials).
+
+    ``SHORT_BLOCK_M`` > 0 (a mixed plan): a request whose queries fit one tile of that many rows
+    is attended with that tile and ``SHORT_BLOCK_N``-token KV tiles instead (its only program is
+    its first ``BLOCK_Q`` tile, since a short query fits there too)."""
+    tile_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req = _find_request(query_start_loc_ptr, tile_idx, num_requests, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    local_tile = tile_idx - (q_start // BLOCK_Q + req)
+    if local_tile * BLOCK_Q >= q_len:  # surplus program, or a request with no queries
         return
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_SIZE_PAD)
-    ml = token * stride_ml_t + head * stride_ml_h + offs_s
-    maxes = tl.load(m_ws_ptr + ml, mask=offs_s < num_splits, other=float("-inf"))
-    sums = tl.load(l_ws_ptr + ml, mask=offs_s < num_splits, other=0.0)
-    m_max = tl.max(maxes, 0)
-    weight = tl.exp2(maxes - tl.where(m_max > float("-inf"), m_max, 0.0))  # 0 for empty segments
-    # An empty segment's acc was never stored: it must not be loaded, not merely weighted 0.
-    seen = maxes > float("-inf")
-    row = token * stride_acc_t + head * stride_acc_h + offs_s * stride_acc_s
-    acc = tl.load(acc_ws_ptr + row[:, None] + offs_d[None, :],
-                  mask=seen[:, None] & (offs_d < HEAD_SIZE)[None, :], other=0.0)
-    num = tl.sum(acc * weight[:, None], 0)
-    den = tl.sum(sums * weight, 0)
-    out = num / tl.where(den > 0.0, den, 1.0)
-    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_SIZE)
+    seq_len = tl.load(seq_lens_ptr + req)
+    slot_row_ptr = slot_table_ptr + req.to(tl.int64) * stride_table_r
+    # A constexpr branch first: without a short shape there is nothing to compile for one.
+    if SHORT_BLOCK_M > 0 and q_len <= SHORT_BLOCK_M // GROUP:
+        _attend_query_tile(
+            q_ptr, k_ptr, v_ptr, out_ptr, slot_row_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr,
+            v_scale_ptr, k_desc, v_desc, qk_scale, num_actual_tokens, num_splits, q_start, q_len, seq_len, 0,
+            kv_head,
+            stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_k_s, stride_k_h, stride_v_s, stride_v_h,
+            stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
+            HEAD_SIZE, HEAD_SIZE_PAD, GROUP, max(SHORT_BLOCK_M // GROUP, 1), max(SHORT_BLOCK_M, 16),
+            max(SHORT_BLOCK_N, 16), SHORT_DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, False,
+        )
+    else:
+        _attend_query_tile(
+            q_ptr, k_ptr, v_ptr, out_ptr, slot_row_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr,
+            v_scale_ptr, k_desc, v_desc, qk_scale, num_actual_tokens, num_splits, q_start, q_len, seq_len,
+            local_tile, kv_head, stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_k_s, stride_k_h,
+            stride_v_s, stride_v_h, stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
+            HEAD_SIZE, HEAD_SIZE_PAD, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N,
+            DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, DENSE_KV,
+        )
 
 
 _launch_attention = CompiledLaunch(_slot_attention_kernel)
-_launch_merge = CompiledLaunch(_merge_splits_kernel)
 
 
 def slot_attention_triton(
@@ -371,7 +319,7 @@ def slot_attention_triton(
         )
     if not (query_start_loc.is_contiguous() and seq_lens.is_contiguous()):
         raise ValueError("slot_attention_triton: query_start_loc and seq_lens must be contiguous")
-    _check_backend(query, "slot_attention_triton")
+    check_backend(query, "slot_attention_triton")
 
     num_tokens, num_requests = query.shape[0], query_start_loc.shape[0] - 1
     if num_requests == 0 or num_tokens == 0:
@@ -387,45 +335,6 @@ def slot_attention_triton(
     return output
 
 
-def choose_launch_shape(
-    query: Tensor, k_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
-    max_query_len: int | None, max_seq_len: int | None, tiles: TileConfig | None = None,
-) -> tuple[TileConfig, int]:
-    """Tile shape and split-KV count of a `slot_attention_triton` call with these arguments.
-
-    ``tiles`` forces the shape (the GPU sweeps time shapes the planner would not pick), leaving the
-    split count to the planner."""
-    num_tokens, num_query_heads, head_size = query.shape
-    num_kv_heads = k_cache.shape[1]
-    num_requests = query_start_loc.shape[0] - 1
-    group = num_query_heads // num_kv_heads
-    if tiles is None:
-        tiles = choose_tiles(num_tokens, num_requests, group, _head_size_pad(head_size), query.dtype.itemsize,
-                             max_query_len)
-    # Real tiles number at most T (each holds a token): the tighter estimate for a decode batch.
-    num_tiles = _grid_tiles(num_tokens, num_requests, tiles.block_m // group)
-    num_splits = choose_num_splits(min(num_tiles, num_tokens) * num_kv_heads,
-                                   triton.cdiv(longest_context(slot_table, max_seq_len), tiles.block_n),
-                                   num_sms(query.device))
-    if not (isinstance(num_splits, int) and num_splits >= 1):
-        raise ValueError(
-            f"slot_attention_triton: choose_num_splits gave {num_splits!r}; it must be an int >= 1"
-        )
-    bytes_per_split = num_tokens * num_query_heads * (head_size + 2) * 4
-    return tiles, min(num_splits, max(1, SPLIT_WORKSPACE_BUDGET_BYTES // bytes_per_split))
-
-
-def _head_size_pad(head_size: int) -> int:
-    # A power of two for tl.arange, and at least tl.dot's 16.
-    return max(16, triton.next_power_of_2(head_size))
-
-
-def _grid_tiles(num_tokens: int, num_requests: int, block_q: int) -> int:
-    # Request r's tiles start at query_start_loc[r] // block_q + r, and every tile index is below
-    # query_start_loc[R] // block_q + R <= T // block_q + R: an upper bound from shapes alone.
-    return num_tokens // block_q + num_requests
-
-
 def _launch_plan(
     query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
     seq_lens: Tensor, scale: float, output: Tensor, row_limit: int, tiles: TileConfig, num_splits: int,
@@ -433,198 +342,52 @@ def _launch_plan(
 ) -> list[tuple[CompiledLaunch, tuple[int, int, int], tuple, tuple, dict]]:
     """The kernel launches of one attention call: (launcher, grid, args, cache key, options) each.
 
-    One place builds them for both the launch and `compile_attention_variants`, so a warmed-up
+    One place builds them for both the launch and `warmup.compile_attention_variants`, so a warmed-up
     variant is exactly the one a later call looks up.
     """
     num_tokens, num_query_heads, head_size = query.shape
     num_kv_heads = k_cache.shape[1]
     num_requests = query_start_loc.shape[0] - 1
     group = num_query_heads // num_kv_heads
-    head_size_pad = _head_size_pad(head_size)
+    padded = head_size_pad(head_size)
     block_q = tiles.block_m // group
-    num_tiles = _grid_tiles(num_tokens, num_requests, block_q)
+    num_tiles = grid_tiles(num_tokens, num_requests, block_q)
     if num_splits == 1:
         # Placeholders: the unified kernel compiles every use of the workspace away.
         acc_ws, m_ws, l_ws, ws_strides = output, output, output, (0,) * 5
     else:
-        acc_ws, m_ws, l_ws = _split_workspace(num_tokens, num_query_heads, num_splits, head_size,
+        acc_ws, m_ws, l_ws = split_workspace(num_tokens, num_query_heads, num_splits, head_size,
                                               query.device)
         ws_strides = (*acc_ws.stride()[:3], *m_ws.stride()[:2])
-    k_scale, v_scale, quant = _scale_args(kv_scales, k_cache)
-    # Launch arguments in the kernel's parameter order, constexprs last (see launcher.py).
+    k_scale, v_scale, quant = scale_args(kv_scales, k_cache)
+    dense_kv = tiles.dense_kv and dense_kv_ok(query, k_cache, v_cache, head_size)
+    # Without dense reads the caches stand in for the descriptors (never read: compiled away).
+    descriptors = (kv_descriptors(k_cache, v_cache, tiles.block_n, head_size) if dense_kv
+                   else (k_cache, v_cache))
+    # Launch arguments in the kernel's parameter order, constexprs last (see kernel_launch.py).
     tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws,
                k_scale, v_scale)
     runtime = (float(scale) * _LOG2_E, num_requests, row_limit, num_splits)  # not specialized on
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1),
                k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
                slot_table.stride(0))
-    constexprs = (head_size, head_size_pad, group, block_q, tiles.block_m, tiles.block_n,
-                  _dot_dtype(query.dtype),
+    constexprs = (head_size, padded, group, block_q, tiles.block_m, tiles.block_n,
+                  tiles.short_block_m, tiles.short_block_n,
+                  # The long tiles of a mixed plan keep the storage dtype: fp16 dots over fp8 there
+                  # took the mixed kernel past 255 registers (sm_90 build); see dot_dtype.
+                  dot_dtype(query.dtype, None if tiles.short_block_m else k_cache.dtype),
+                  dot_dtype(query.dtype, k_cache.dtype),
                   # fp32 storage would otherwise be multiplied in TF32 (10-bit mantissa); 3xTF32
                   # kept fp32-level error (3e-7 vs 3e-7 for "ieee") at 2-30x the speed on the H200.
                   "tf32x3" if query.dtype.itemsize == 4 else "tf32",
-                  num_splits > 1, *quant)
-    # The m/l strides (last two) are not specialized on: they stay out of the key.
+                  num_splits > 1, *quant, dense_kv)
+    # The m/l strides (last two) are not specialized on: they stay out of the key. The descriptors'
+    # specialization (dtype, block shape) follows from the caches' and the tiles' in the key.
     plan = [(_launch_attention, (num_tiles, num_kv_heads, num_splits),
-             (*tensors, *runtime, *strides, *ws_strides, *constexprs),
+             (*tensors, *descriptors, *runtime, *strides, *ws_strides, *constexprs),
              (query.device.index, tensor_key(tensors), strides, ws_strides[:3], constexprs, tiles),
              {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages})]
     if num_splits > 1:
-        splits_pad = triton.next_power_of_2(num_splits)
-        tensors = (acc_ws, m_ws, l_ws, output, query_start_loc)
-        strides = (output.stride(0), output.stride(1))
-        constexprs = (head_size, head_size_pad, splits_pad)
-        # The whole [S, D] block sits in registers: 8 warps once it passes 8K floats.
-        num_warps = 4 if splits_pad * head_size_pad <= 8192 else 8
-        plan.append((_launch_merge, (num_tokens, num_query_heads, 1),
-                     (*tensors, num_requests, row_limit, num_splits, *ws_strides, *strides, *constexprs),
-                     (query.device.index, tensor_key(tensors), ws_strides[:3], strides, constexprs,
-                      num_warps),
-                     {"num_warps": num_warps}))
+        plan.append(merge_launch(acc_ws, m_ws, l_ws, output, query_start_loc, num_requests, row_limit,
+                                 num_splits, ws_strides, head_size))
     return plan
-
-
-def compile_attention_variants(
-    query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
-    seq_lens: Tensor, output: Tensor, kv_scales: KVScales | None = None,
-) -> int:
-    """Compile, without launching, every kernel variant later calls with these tensors may need.
-
-    Why: Triton compiles a variant at its first launch, and vLLM's own warm-up reaches only some
-    of them: on the H200 (scripts/gpu/serve_bench.sh) vLLM's JIT monitor caught
-    `_slot_attention_kernel` compiling under the first requests of `proxima serve`, whose TTFT
-    p95 was 970 ms against stock's 200; with this warm-up (10 variants, 4.2 s at start-up) it
-    caught none. The variants: decode and prefill tile shapes, each unsplit and
-    split, and the merge kernel for every padded split count the slot table width allows.
-    Nothing is launched, so this is safe anywhere but inside a CUDA-graph capture (the caller
-    skips it there). Returns the number of variants compiled or loaded from Triton's disk cache.
-    """
-    num_tokens, num_query_heads, head_size = query.shape
-    group = num_query_heads // k_cache.shape[1]
-    head_size_pad = _head_size_pad(head_size)
-
-    def plan(tiles: TileConfig, num_splits: int):
-        # A one-token call: variants depend on dtypes, alignment, strides and constexprs, not sizes.
-        return _launch_plan(query[:1], k_cache, v_cache, slot_table, query_start_loc[:2], seq_lens[:1], 1.0,
-                            output[:1], 1, tiles, num_splits, kv_scales)
-
-    max_splits = 1
-    count = 0
-    for max_query_len in (1, 2):  # decode-only tiles, then prefill tiles
-        tiles = choose_tiles(num_tokens, query_start_loc.shape[0] - 1, group, head_size_pad,
-                             query.dtype.itemsize, max_query_len)
-        kv_tiles = triton.cdiv(slot_table.shape[1], tiles.block_n)
-        max_splits = max(max_splits, min(MAX_SPLITS, kv_tiles))
-        for num_splits in (1, 2):  # every split count > 1 shares one main-kernel variant
-            for launch, grid, args, key, options in plan(tiles, num_splits):
-                count += launch.compile(grid, args, key, **options)
-    # The merge kernel is compiled per padded split count (a constexpr).
-    tiles = choose_tiles(1, 1, group, head_size_pad, query.dtype.itemsize, 1)
-    splits = 4
-    while splits <= triton.next_power_of_2(max_splits):
-        _, (launch, grid, args, key, options) = plan(tiles, splits)
-        count += launch.compile(grid, args, key, **options)
-        splits *= 2
-    return count
-
-
-_precompiled_layouts: set[tuple] = set()
-
-
-def precompile_attention_once(
-    query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
-    seq_lens: Tensor, output: Tensor, kv_scales: KVScales | None = None,
-) -> bool:
-    """`compile_attention_variants` once per tensor layout (all layers of a model share one).
-
-    Returns False, doing nothing, inside a CUDA-graph capture (the caller tries again on a later
-    call) and under the interpreter (nothing to compile); True once the variants are ready.
-    """
-    if _interpreting():
-        return True
-    if torch.cuda.is_current_stream_capturing():
-        return False
-    layout = (query.device.index, query.dtype, tuple(query.shape[1:]), query.stride(), tuple(k_cache.shape),
-              k_cache.dtype, k_cache.stride(), v_cache.stride(), slot_table.stride(), tuple(output.shape[1:]),
-              output.stride(), _scale_args(kv_scales, k_cache)[2])
-    if layout not in _precompiled_layouts:
-        start = time.perf_counter()
-        count = compile_attention_variants(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens,
-                                           output, kv_scales)
-        _precompiled_layouts.add(layout)
-        logger.info("Proxima: %d attention kernel variants compiled or loaded in %.1f s", count,
-                    time.perf_counter() - start)
-    return True
-
-
-def _scale_args(scales: KVScales | None, k_cache: Tensor) -> tuple[Tensor, Tensor, tuple[bool, int, float]]:
-    """Scale pointers and the (QUANT, SCALE_STRIDE, FP8_MAX) constexprs of a launch.
-
-    Without scales the cache itself stands in for both pointers (never read: QUANT compiles the
-    loads away). A scale of one element is read at stride 0 by every KV head, per-head scales at 1.
-    """
-    if scales is None:
-        return k_cache, k_cache, (False, 0, 0.0)
-    per_head = scales.k.numel() > 1
-    if per_head != (scales.v.numel() > 1):
-        raise ValueError("slot attention: k_scale and v_scale must both be per tensor or both per head")
-    if per_head and (scales.k.stride(-1) != 1 or scales.v.stride(-1) != 1):
-        raise ValueError("slot attention: per-head scales must be contiguous")
-    return scales.k, scales.v, (True, int(per_head), float(torch.finfo(k_cache.dtype).max))
-
-
-def _fp8_grid_constants(dtype: torch.dtype) -> tuple[bool, int, float, float]:
-    """(GRID_ROUNDING, MANTISSA_BITS, MIN_NORMAL, SUBNORMAL_MAGIC) of ``_write_kv_kernel``."""
-    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or not _interpreting():
-        return False, 0, 0.0, 0.0
-    info = torch.finfo(dtype)
-    mantissa_bits = 3 if dtype == torch.float8_e4m3fn else 2
-    smallest_subnormal = info.smallest_normal * 2.0 ** -mantissa_bits
-    return True, mantissa_bits, info.smallest_normal, smallest_subnormal * 2.0 ** 23
-
-
-def _split_workspace(
-    num_tokens: int, num_heads: int, num_splits: int, head_size: int, device: torch.device
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Float32 partials ``acc [T, Hq, S, D]``, ``m [T, Hq, S]``, ``l [T, Hq, S]`` (S contiguous).
-
-    Sizes are host-known, so this is graph-capturable (inside a capture it comes from the
-    graph's pool). One allocation, as it runs per layer per step; uninitialised on purpose: the
-    merge reads only partials written first.
-    """
-    rows = num_tokens * num_heads * num_splits
-    # Each partial starts 16-byte aligned (4 floats) whatever T, Hq, S and D are: Triton
-    # specializes a pointer on its alignment, and an odd size would otherwise compile another
-    # kernel variant mid-serving, one the warm-up cannot foresee.
-    acc_floats, ml_rows = triton.cdiv(rows * head_size, 4) * 4, triton.cdiv(rows, 4) * 4
-    buffer = torch.empty(acc_floats + 2 * ml_rows, dtype=torch.float32, device=device)
-    acc = buffer[: rows * head_size].view(num_tokens, num_heads, num_splits, head_size)
-    ml = buffer[acc_floats:].view(2, ml_rows)[:, :rows]
-    maxes, sums = (part.view(num_tokens, num_heads, num_splits) for part in ml.unbind(0))
-    return acc, maxes, sums
-
-
-def _dot_dtype(storage: torch.dtype) -> tl.dtype:
-    """Operand dtype of the tensor-core dots: the storage dtype, except bf16 under the interpreter.
-
-    The interpreter keeps bf16 as uint16 and its tl.dot multiplies the raw bit patterns
-    (triton-lang/triton#11584, unsupported upstream), so there bf16 operands are widened to fp32.
-    """
-    if storage == torch.bfloat16:
-        return tl.float32 if _interpreting() else tl.bfloat16
-    return tl.float16 if storage == torch.float16 else tl.float32
-
-
-@cache  # fixed when this module's kernels were decorated; asked per layer per step (bf16)
-def _interpreting() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(_slot_attention_kernel, InterpretedFunction)
-
-
-def _check_backend(t: Tensor, who: str) -> None:
-    if t.device.type != "cuda" and not _interpreting():
-        raise ValueError(
-            f"{who}: tensors are on {t.device}; Triton needs CUDA, or TRITON_INTERPRET=1 set before "
-            f"Triton is imported (or use the torch implementation in reference.py)"
-        )

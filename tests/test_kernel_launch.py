@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import tests.attention_cases  # noqa: F401  first: sets TRITON_INTERPRET on CPU-only machines
 
+# isort: split
+
 import pytest  # noqa: E402
 from triton import knobs  # noqa: E402
 
-from proxima.engine.attention import launcher  # noqa: E402
+from proxima.engine.attention import kernel_launch  # noqa: E402
 
 
 class FakeCompiled:
@@ -42,14 +44,14 @@ class FakeJit:
 
 @pytest.fixture(autouse=True)
 def _stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launcher, "_current_stream", lambda: 7)
+    monkeypatch.setattr(kernel_launch, "_current_stream", lambda: 7)
 
 
-def _launcher() -> tuple[FakeCompiled, FakeJit, launcher.CompiledLaunch]:
+def _launcher() -> tuple[FakeCompiled, FakeJit, kernel_launch.CompiledLaunch]:
     """A CompiledLaunch over a stand-in Triton function whose compiled kernel records its runs."""
     compiled = FakeCompiled()
     jit = FakeJit(compiled)
-    return compiled, jit, launcher.CompiledLaunch(jit)
+    return compiled, jit, kernel_launch.CompiledLaunch(jit)
 
 
 def test_second_launch_of_a_key_uses_the_compiled_kernel() -> None:
@@ -67,7 +69,7 @@ def test_second_launch_of_a_key_uses_the_compiled_kernel() -> None:
 
 def test_interpreter_result_is_not_kept() -> None:
     jit = FakeJit(None)  # the interpreter returns no compiled kernel
-    launch = launcher.CompiledLaunch(jit)
+    launch = kernel_launch.CompiledLaunch(jit)
     for _ in range(3):
         launch((1, 1, 1), (), key="k")
     assert len(jit.launches) == 3

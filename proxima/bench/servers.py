@@ -1,4 +1,4 @@
-"""`proxima bench --launch MODEL`: bring up the servers to compare, through `proxima.launcher`.
+"""The servers `proxima bench --launch MODEL` brings up to compare, through `proxima.server_process`.
 
 Same model, same vLLM flags, only the allocator differs. By default one at a time: the first
 server is stopped and its GPU memory seen released (when NVML can see it) before the second
@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from proxima.bench.sampler import gpu_memory_bytes
-from proxima.launcher import VARIANTS, ManagedServer, ServerSpec, ServerStartError
+from proxima.bench.plan import LaunchPlan
+from proxima.gpu import memory_used_bytes, read_gpus
+from proxima.server_process import ManagedServer, ServerSpec, ServerStartError
 
 logger = logging.getLogger(__name__)
 
@@ -30,17 +30,6 @@ class LaunchError(RuntimeError):
     """A launched server did not come up; the message names the variant and its log."""
 
 
-@dataclass(frozen=True, slots=True)
-class LaunchPlan:
-    model: str
-    variants: tuple[str, ...]
-    labels: tuple[str, ...]
-    vllm_args: tuple[str, ...] = ()
-    side_by_side: bool = False
-    log_dir: Path = Path(".")
-    startup_timeout_s: float = 600.0
-
-
 @dataclass(slots=True)
 class Launched:
     label: str
@@ -50,15 +39,9 @@ class Launched:
     pid: int | None = None
 
 
-def parse_variants(text: str) -> tuple[str, ...]:
-    variants = tuple(v.strip() for v in text.split(",") if v.strip())
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad or not 1 <= len(variants) <= 2:
-        raise ValueError(
-            f"--variants takes one or two of {', '.join(VARIANTS)} separated by a comma (e.g. block,token); "
-            f"got {text!r}"
-        )
-    return variants
+def gpu_memory_bytes() -> int | None:
+    """Memory used on all GPUs of this host (None without NVML)."""
+    return memory_used_bytes(read_gpus())
 
 
 def wait_memory_released(baseline_bytes: int | None, timeout_s: float = 60.0) -> float | None:

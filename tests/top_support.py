@@ -2,7 +2,8 @@
 
 `MetricsServer` serves a fixed exposition (captured from a real vLLM server) over real HTTP and
 can be stopped and started again on the same port, which is how tests show a server going down
-and coming back without starting vLLM. Not used by the dashboard itself.
+and coming back without starting vLLM. `screen_text` reads the screen through Textual's private
+compositor, which is why it lives here and not in the installed `proxima.tui`.
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ class ManagedServer:
                     return self
             time.sleep(0.5)
         self.stop()
-        raise ServerStartError(f"{self.spec.variant} server not healthy after {timeout:.0f}s\n{self.log_tail()}")
+        raise ServerStartError(f"{self.spec.variant} server not healthy after {timeout:.0f}s\n"
+                               f"{self.log_tail()}")
 
     @property
     def pid(self) -> int | None:

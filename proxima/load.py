@@ -1,0 +1,352 @@
+"""The one load generator: OpenAI `/v1/completions` requests, for the doctor's probes, `proxima
+bench` and `proxima demo`.
+
+One request body (`completion_body`: greedy, and with vLLM's `ignore_eos` unless told otherwise,
+so the output is exactly `max_tokens` long on every engine), two ways to read the answer:
+  `LoadDriver.complete`   the whole answer at once, token ids included; `burst`, `steady` and
+                          `each_once` keep many of them in flight;
+  `StreamingClient.send`  streamed, timed on arrival of each SSE line: TTFT = first token chunk,
+                          ITL = gaps between token chunks, E2E = until the stream ends, and the
+                          time the client itself spends on each line (`overhead_s`), so a client
+                          that cannot keep up shows in the results rather than as a slower server.
+Generated prompts are drawn from `WORDS`, the words the tiny test model's tokenizer is trained
+on (`proxima.tiny_model`), so they cost it one token a word; `proxima bench` builds its
+workloads from its own vocabulary (`proxima.bench.workload`).
+
+Requests go only to the URL a driver was built for or the one a caller names. Never raises for a
+server's failure: a refused connection, a reset stream, an HTTP error or an odd answer is a
+failed result with the reason. Every task started here is cancelled and awaited before the call
+that started it returns, so no load outlives its caller (a cancelled httpx request closes its
+connection, and vLLM aborts a request whose client left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings "
+    "memory slots cache tokens request serve model engine block page fragment free used"
+).split()
+
+
+def make_prompt(index: int, num_words: int) -> str:
+    """A deterministic prompt, distinct per index (so prefix caching cannot share it)."""
+    words = [WORDS[(index * 7 + j * (1 + index % 5)) % len(WORDS)] for j in range(max(1, num_words - 1))]
+    return f"{index} " + " ".join(words)
+
+
+def random_prompt(rng: random.Random, min_words: int, max_words: int) -> str:
+    """Between `min_words` and `max_words` words drawn from `WORDS` by `rng`."""
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words)))
+
+
+def completion_body(model: str | None, prompt: str, max_tokens: int, *, temperature: float = 0.0,
+                    ignore_eos: bool = True, seed: int | None = None, stream: bool = False) -> dict:
+    body: dict = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                  "ignore_eos": ignore_eos}
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    else:
+        body["return_token_ids"] = True  # vLLM 0.26; other servers ignore it
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+def completions_url(url: str) -> str:
+    return url.rstrip("/") + "/v1/completions"
+
+
+def new_http_client(request_timeout_s: float) -> httpx.AsyncClient:
+    """A client for load: no connection limit, because a queue inside the client would be
+    measured as server latency."""
+    return httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        timeout=httpx.Timeout(request_timeout_s, connect=10.0),
+    )
+
+
+# ---------------------------------------------------------------- whole answers
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    ok: bool
+    text: str = ""
+    token_ids: tuple[int, ...] | None = None  # None when the server does not return them
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class LoadStats:
+    """Counts of a steady load, updated while it runs."""
+
+    num_sent: int = 0
+    num_ok: int = 0
+    num_errors: int = 0
+    num_tokens: int = 0  # prompt + completion tokens of the requests that succeeded
+    last_error: str | None = None
+
+    @property
+    def mean_request_tokens(self) -> float | None:
+        return self.num_tokens / self.num_ok if self.num_ok else None
+
+    def record(self, result: Completion) -> None:
+        if result.ok:
+            self.num_ok += 1
+            self.num_tokens += result.prompt_tokens + result.completion_tokens
+        else:
+            self.num_errors += 1
+            self.last_error = result.error
+
+
+class LoadDriver:
+    def __init__(self, client: httpx.AsyncClient, url: str, model: str | None = None) -> None:
+        self.client = client
+        self.url = url.rstrip("/")
+        self.model = model
+
+    async def complete(self, prompt: str, max_tokens: int, *, temperature: float = 0.0,
+                       seed: int | None = None, ignore_eos: bool = True, timeout: float = 60.0,
+                       url: str | None = None, model: str | None = None) -> Completion:
+        """One /v1/completions request. Never raises for a server's failure (cancellation passes)."""
+        body = completion_body(model or self.model, prompt, max_tokens, temperature=temperature,
+                               ignore_eos=ignore_eos, seed=seed)
+        start = time.perf_counter()
+        try:
+            response = await self.client.post(completions_url(url or self.url), json=body, timeout=timeout)
+        except httpx.HTTPError as err:
+            return Completion(ok=False, error=f"{type(err).__name__}: {err}".rstrip(": "),
+                              latency_s=time.perf_counter() - start)
+        latency = time.perf_counter() - start
+        if response.status_code != 200:
+            return Completion(ok=False, error=f"HTTP {response.status_code}: {response.text[:200]}",
+                              latency_s=latency)
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            usage = data.get("usage") or {}
+        except (ValueError, KeyError, IndexError) as err:
+            return Completion(ok=False, error=f"unexpected response: {err}", latency_s=latency)
+        ids = choice.get("token_ids")
+        return Completion(
+            ok=True,
+            text=choice.get("text") or "",
+            token_ids=tuple(int(t) for t in ids) if ids is not None else None,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            latency_s=latency,
+        )
+
+    async def burst(self, prompts: Sequence[str], max_tokens: int, timeout: float,
+                    **kwargs) -> list[Completion]:
+        """Send all prompts at once; whatever is unfinished after `timeout` is cancelled."""
+        tasks = [asyncio.ensure_future(self.complete(p, max_tokens, timeout=timeout, **kwargs))
+                 for p in prompts]
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=timeout)
+        finally:
+            await _cancel(tasks)
+        return [t.result() if t in done and not t.cancelled() else Completion(ok=False, error="timed out")
+                for t in tasks]
+
+    async def each_once(self, requests: Sequence[tuple[str, int]], concurrency: int,
+                        **kwargs) -> list[Completion]:
+        """Send each (prompt, max_tokens) once, `concurrency` in flight; results in request order."""
+        results: list[Completion] = [Completion(ok=False, error="not sent")] * len(requests)
+        pending = iter(enumerate(requests))  # one shared iterator: each request goes to one worker
+
+        async def worker() -> None:
+            for index, (prompt, max_tokens) in pending:
+                results[index] = await self.complete(prompt, max_tokens, **kwargs)
+
+        tasks = [asyncio.ensure_future(worker()) for _ in range(max(1, concurrency))]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            await _cancel(tasks)
+        return results
+
+    @contextlib.asynccontextmanager
+    async def steady(self, concurrency: int, max_tokens: int, prompt_words: int = 32,
+                     first_index: int = 1000) -> AsyncIterator[LoadStats]:
+        """Keep `concurrency` requests in flight until the block exits (then cancel them)."""
+        stats = LoadStats()
+        counter = iter(range(first_index, first_index + 10_000_000))
+
+        async def worker() -> None:
+            while True:
+                stats.num_sent += 1
+                result = await self.complete(make_prompt(next(counter), prompt_words), max_tokens)
+                stats.record(result)
+                if not result.ok:  # a failing server answers at once: do not hammer it
+                    await asyncio.sleep(0.2)
+
+        tasks = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+        try:
+            yield stats
+        finally:
+            await _cancel(tasks)
+
+
+async def _cancel(tasks: Sequence[asyncio.Future]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ---------------------------------------------------------------- streamed, timed answers
+
+OK, FAILED, TIMED_OUT, CANCELLED = "ok", "failed", "timed_out", "cancelled"
+
+
+@dataclass(slots=True)
+class RequestResult:
+    index: int
+    status: str = CANCELLED  # until the request finishes one way or another
+    sent_at: float = 0.0  # perf_counter
+    ttft: float | None = None
+    e2e: float | None = None
+    last_token_at: float | None = None  # seconds after sent_at
+    itls: list[float] = field(default_factory=list)
+    num_chunks: int = 0
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    error: str | None = None
+    overhead_s: float = 0.0
+    text: list[str] | None = None  # the answer's pieces, kept only when a next turn needs them
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first, as vLLM's benchmark defines it."""
+        if self.status != OK or self.output_tokens < 2 or self.ttft is None or self.last_token_at is None:
+            return None
+        return (self.last_token_at - self.ttft) / (self.output_tokens - 1)
+
+
+class StreamingClient:
+    """Sends one streamed request and fills its `RequestResult` (never raises for server faults)."""
+
+    def __init__(self, http: httpx.AsyncClient, url: str, model: str, request_timeout_s: float) -> None:
+        self.http = http
+        self.endpoint = completions_url(url)
+        self.model = model
+        self.request_timeout_s = request_timeout_s
+
+    def payload(self, prompt: str, max_tokens: int) -> dict:
+        return completion_body(self.model, prompt, max_tokens, stream=True)
+
+    async def send(self, prompt: str, max_tokens: int, result: RequestResult) -> RequestResult:
+        result.sent_at = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                await self._stream(self.payload(prompt, max_tokens), result)
+        except TimeoutError:
+            result.status, result.error = TIMED_OUT, f"no complete answer within {self.request_timeout_s:g}s"
+        except httpx.ConnectError:
+            result.status, result.error = FAILED, "connection refused"
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
+            result.status, result.error = FAILED, f"connection lost: {type(err).__name__}"
+        except httpx.HTTPError as err:
+            result.status, result.error = FAILED, f"{type(err).__name__}: {err}"
+        except asyncio.CancelledError:
+            result.status = CANCELLED
+            raise
+        return result
+
+    async def _stream(self, body: dict, result: RequestResult) -> None:
+        start = result.sent_at
+        async with self.http.stream("POST", self.endpoint, json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread())[:300].decode(errors="replace")
+                result.status, result.error = FAILED, f"HTTP {response.status_code}: {_message(text)}"
+                return
+            state = _StreamState(start)
+            buffer = b""
+            # Bytes split on the SSE event separator (cheaper than aiter_lines(): the client
+            # may share a few cores with the server).
+            async for raw in response.aiter_bytes():
+                now = time.perf_counter()
+                buffer += raw
+                if b"\r" in buffer:
+                    buffer = buffer.replace(b"\r\n", b"\n")
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    for line in event.split(b"\n"):
+                        if line.startswith(b"data:") and not state.take(line[5:].strip(), now, result):
+                            result.overhead_s += time.perf_counter() - now
+                            return
+                result.overhead_s += time.perf_counter() - now
+                # No break after [DONE]: a body read to its end returns the connection to the
+                # pool; leaving early closes it, and every request would pay a new connection.
+            result.e2e = time.perf_counter() - start
+        if not state.finished or result.ttft is None:
+            result.status = FAILED
+            result.error = "stream ended before [DONE]" if not state.finished else "no tokens"
+            return
+        if not result.output_tokens:
+            result.output_tokens = result.num_chunks  # a server without usage reporting
+        result.status = OK
+
+
+class _StreamState:
+    """Token timing across the events of one stream."""
+
+    __slots__ = ("finished", "previous", "start")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.previous: float | None = None
+        self.finished = False
+
+    def take(self, data: bytes, now: float, result: RequestResult) -> bool:
+        """Account one `data:` payload; False when the stream is to be abandoned as failed."""
+        if data == b"[DONE]":
+            self.finished = True
+            return True
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            result.status, result.error = FAILED, "malformed stream chunk"
+            return False
+        if choices := chunk.get("choices"):
+            result.num_chunks += 1
+            if result.text is not None:
+                result.text.append(choices[0].get("text") or "")
+            if self.previous is None:
+                result.ttft = now - self.start
+            else:
+                result.itls.append(now - self.previous)
+            self.previous = now
+            result.last_token_at = now - self.start
+        elif usage := chunk.get("usage"):
+            result.output_tokens = int(usage.get("completion_tokens") or 0)
+            result.prompt_tokens = usage.get("prompt_tokens")
+        elif error := chunk.get("error"):
+            result.status, result.error = FAILED, f"server error: {_message(json.dumps(error))}"
+            return False
+        return True
+
+
+def _message(body: str) -> str:
+    """The `message` of an OpenAI-style error body, else the body itself, on one line."""
+    try:
+        parsed = json.loads(body)
+        found = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+        if isinstance(found, dict):
+            found = found.get("message", found)
+        text = str(found)
+    except (json.JSONDecodeError, AttributeError):
+        text = body
+    return " ".join(text.split())[:200]

@@ -1,0 +1,152 @@
+"""Registers and stack of the attention kernel variants `proxima serve` runs, built for sm_90 here.
+
+Why: a kernel variant that spills or passes 255 registers runs slower on the H200 without any test
+failing on CPU. Triton and its bundled ptxas compile for a GPU target without a GPU, so this builds
+the served variants (decode-only and mixed plans, unsplit and split, bf16 and fp8 caches; Llama-3-8B
+attention shapes) the way a launch specialises them, and reads each cubin's resource usage with the
+bundled cuobjdump. Measured on the H200, 168 registers are where a decode program fits three to an
+SM (docs/benchmarks.md); fp16 dots in the mixed plan's long tiles took it to 255 and spilled.
+
+usage: python scripts/kernel_resources.py [--json] [--fp8-decode-tiles]   (TRITON_INTERPRET must be unset)
+Run by tests/test_kernel_resources.py, in a subprocess of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from proxima.engine.attention import triton_attention as ta
+from proxima.engine.attention.planning import TileConfig, choose_tiles
+
+HQ, HKV, D = 32, 8, 128
+TARGET = GPUTarget("cuda", 90, 32)
+_UNSPLIT_WS = ("stride_acc_t", "stride_acc_h", "stride_acc_s", "stride_ml_t", "stride_ml_h")
+
+
+def _variant(cache: str, tiles: TileConfig, split: bool) -> tuple[dict, dict]:
+    """Pointer dtypes and constexprs of ``_slot_attention_kernel`` as a launch with these tiles
+    specialises it, for a ``bf16`` or ``fp8e4nv`` cache (dot dtypes as ``launch_args.dot_dtype``)."""
+    fp8 = cache != "bf16"
+    group = HQ // HKV
+    const = dict(HEAD_SIZE=D, HEAD_SIZE_PAD=D, GROUP=group, BLOCK_Q=tiles.block_m // group,
+                 BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SHORT_BLOCK_M=tiles.short_block_m,
+                 SHORT_BLOCK_N=tiles.short_block_n,
+                 DOT_DTYPE=tl.float16 if fp8 and not tiles.short_block_m else tl.bfloat16,
+                 SHORT_DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
+                 DOT_PRECISION="tf32", SPLIT=split, QUANT=fp8, SCALE_STRIDE=0, FP8_MAX=448.0 if fp8 else 0.0,
+                 DENSE_KV=False)
+    ptrs = {"k_ptr": cache, "v_ptr": cache, "slot_table_ptr": "i32", "query_start_loc_ptr": "i32",
+            "seq_lens_ptr": "i32", "acc_ws_ptr": "fp32", "m_ws_ptr": "fp32", "l_ws_ptr": "fp32",
+            "k_scale_ptr": "fp32" if fp8 else cache, "v_scale_ptr": "fp32" if fp8 else cache}
+    return ptrs, const
+
+
+def variants() -> list[tuple[str, dict, dict, TileConfig]]:
+    """(name, pointer dtypes, constexprs, tiles) of each served variant of ``_slot_attention_kernel``,
+    and of the mixed plan with dense-tile reads (``TileConfig.dense_kv``), not yet served."""
+    out = []
+    for cache in ("bf16", "fp8e4nv"):
+        for plan, max_query_len in (("decode", 1), ("mixed", None)):
+            tiles = choose_tiles(HQ // HKV, D, 2, max_query_len)
+            for split in (False, True):
+                ptrs, const = _variant(cache, tiles, split)
+                name = f"{plan} {'fp8' if cache != 'bf16' else 'bf16'}{' split' if split else ''}"
+                out.append((name, ptrs, const, tiles))
+                if plan == "mixed" and cache == "bf16":  # the dense-tile reads, not served yet
+                    desc = f"tensordesc<bf16[{tiles.block_n},{D}]>"
+                    out.append((name.replace("mixed", "mixed dense"), ptrs | {"k_desc": desc, "v_desc": desc},
+                                const | {"DENSE_KV": True}, tiles))
+    return out
+
+
+def fp8_decode_tile_variants() -> list[tuple[str, dict, dict, TileConfig]]:
+    """The fp8 mixed plan (what FULL graphs replay for decodes) with each decode tile shape that
+    ``scripts/gpu/sweep_fp8_decode.py`` times, unsplit and split: which of them spill."""
+    served = choose_tiles(HQ // HKV, D, 2, None)
+    out = []
+    for n in (64, 128, 256):
+        for warps, stages in ((4, 2), (4, 3), (4, 4), (8, 3), (8, 4)):
+            tiles = dataclasses.replace(served, short_block_n=n, num_warps=warps, num_stages=stages)
+            for split in (False, True):
+                ptrs, const = _variant("fp8e4nv", tiles, split)
+                name = f"fp8 decode n{n} w{warps} s{stages}{' split' if split else ''}"
+                out.append((name, ptrs, const, tiles))
+    return out
+
+
+def build(ptrs: dict, const: dict, tiles) -> bytes:
+    fn = ta._slot_attention_kernel
+    signature, aligned = {}, []
+    for i, arg in enumerate(fn.arg_names):
+        if arg in const:
+            signature[arg] = "constexpr"
+        elif arg.endswith("_desc"):  # a descriptor, or the cache standing in for one
+            signature[arg] = ptrs.get(arg, "*" + ptrs["k_ptr"])
+            if not signature[arg].startswith("tensordesc"):
+                aligned.append(i)
+        elif arg.endswith("_ptr"):
+            signature[arg] = "*" + ptrs.get(arg, "bf16")
+            aligned.append(i)
+        elif arg == "qk_scale":
+            signature[arg] = "fp32"
+        else:
+            signature[arg] = "i32"
+            # Strides of real tensors are multiples of 16 here (Triton specialises on it); the
+            # m/l workspace strides are not specialised (the kernel's do_not_specialize).
+            if arg.startswith("stride") and arg not in ("stride_ml_t", "stride_ml_h"):
+                aligned.append(i)
+    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+    kernel = triton.compile(src, target=TARGET, options=options)
+    return kernel.asm["cubin"]
+
+
+def resources(cubin: bytes) -> dict[str, int]:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([str(tool), "-res-usage", str(path)], capture_output=True, text=True,
+                              check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"cuobjdump printed no resource usage:\n{text}")
+    return {"registers": int(found[1]), "stack_bytes": int(found[2])}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--fp8-decode-tiles", action="store_true",
+                   help="instead: the fp8 mixed plan with each decode tile shape the fp8 sweep times")
+    args = p.parse_args()
+    if os.environ.get("TRITON_INTERPRET"):
+        print("kernel_resources: unset TRITON_INTERPRET (the interpreter builds nothing)", file=sys.stderr)
+        return 2
+    chosen = fp8_decode_tile_variants() if args.fp8_decode_tiles else variants()
+    rows = {name: resources(build(ptrs, const, tiles)) for name, ptrs, const, tiles in chosen}
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        width = max(map(len, rows))
+        for name, r in rows.items():
+            print(f"{name:<{width}} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Triton launch plans against the torch path: the mixed plan at its short-tile boundary, and a
+relaunch with new data through the kept compiled kernels (interpreter on CPU, real on CUDA)."""
+
+from __future__ import annotations
+
+from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only machines
+    DEVICE,
+    INTERPRETER_WARNINGS,
+    make_batch,
+    triton_attention_or_skip,
+    triton_write_kv_or_skip,
+)
+
+# isort: split
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from proxima.engine.attention import planning  # noqa: E402
+from proxima.engine.attention.reference import slot_attention_torch, write_kv  # noqa: E402
+from tests.test_attention_kernels import MIXED, MIXED_TILES, assert_rows  # noqa: E402
+
+pytestmark = INTERPRETER_WARNINGS
+
+
+@pytest.fixture(scope="module")
+def triton_attention():
+    return triton_attention_or_skip()
+
+
+@pytest.fixture(scope="module")
+def triton_write_kv():
+    return triton_write_kv_or_skip()
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (8, 2), (2, 2)], ids=["gqa2", "gqa4", "mha"])
+def test_mixed_plan_at_the_short_tile_boundary(triton_attention, monkeypatch: pytest.MonkeyPatch,
+                                               heads: tuple[int, int]) -> None:
+    # Queries of exactly the short tile's tokens (16 // group) take it; one more token takes the
+    # long tiles; decodes, a long prefill over context and a request with no queries between.
+    monkeypatch.setattr(planning, "choose_tiles", lambda *args: MIXED_TILES)
+    short_q = MIXED_TILES.short_block_m // (heads[0] // heads[1])
+    requests = [(short_q, short_q + 9), (1, 30), (short_q + 1, short_q + 1), (0, 4), (1, 1),
+                (40, 70), (short_q, short_q), (1, 17)]
+    b = make_batch(requests, *heads, 32, fragmented=True, seed=sum(heads) + short_q)
+    expected = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))))
+    triton_attention.slot_attention_triton(*b.args(), max_query_len=40, max_seq_len=70)
+    assert_rows(b.output, expected.cpu(), b.num_queries, atol=1e-3, rtol=1e-3)
+
+
+def test_triton_relaunch_with_new_data_matches_torch(triton_attention, triton_write_kv) -> None:
+    """The second launch of a shape goes through the kept compiled kernel (kernel_launch.py) on a GPU:
+    it must read the new call's tensors, not the first call's."""
+    for seed in (21, 22):  # same shapes and dtypes, different data and allocations
+        b = make_batch(MIXED, 4, 2, 32, fragmented=True, seed=seed)
+        key, value = b.query[:, :2].clone(), b.query[:, 2:].clone()
+        gen = torch.Generator().manual_seed(seed)
+        slots = torch.randperm(b.k_cache.shape[0], generator=gen)[: key.shape[0]].to(DEVICE)
+        k_cache, v_cache = b.k_cache.clone(), b.v_cache.clone()
+        triton_write_kv.write_kv_triton(key, value, k_cache, v_cache, slots)
+        expected_k, expected_v = b.k_cache.clone(), b.v_cache.clone()
+        write_kv(key, value, expected_k, expected_v, slots)
+        assert torch.equal(k_cache.cpu(), expected_k.cpu()) and torch.equal(v_cache.cpu(), expected_v.cpu())
+        expected = slot_attention_torch(*b.args(torch.full_like(b.output, float("nan"))))
+        triton_attention.slot_attention_triton(*b.args(), max_query_len=7, max_seq_len=40)
+        assert_rows(b.output, expected.cpu(), int(b.query_start_loc[-1]), atol=1e-3, rtol=1e-3)
+    if DEVICE == "cuda":
+        assert triton_attention._launch_attention._compiled and triton_write_kv._launch_write_kv._compiled
