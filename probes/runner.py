@@ -128,7 +128,10 @@ async def run_probe(name: str, ctx: ProbeContext) -> ProbeResult:
     module = importlib.import_module(f"proxima.probes.{name}")
     budget = probe_budget_s(name, ctx.window_s)
     try:
-        return await asyncio.wait_for(module.run(ctx), timeout=budget)
+        # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for returns the result, and
+        # drops the cancel, when Ctrl-C lands as the probe finishes; the doctor would go on.
+        async with asyncio.timeout(budget):
+            return await module.run(ctx)
     except TimeoutError:
         return ProbeResult(name, Status.ERROR, f"did not finish within {budget:.0f} s; its load was stopped")
     except Exception as err:  # a probe's bug must not hide the other checks' verdicts

@@ -51,9 +51,16 @@ def normalize_url(text: str) -> str:
 
 async def get_text(client: httpx.AsyncClient, url: str, timeout: float,
                    max_bytes: int = MAX_METRICS_BYTES) -> str:
-    """GET `url`'s body as text, within `timeout` seconds in all and `max_bytes`."""
+    """GET `url`'s body as text, within `timeout` seconds in all and `max_bytes`.
+
+    The read runs in the caller's task under `asyncio.timeout`, not in a task of its own under
+    `asyncio.wait_for`: on Python 3.11 wait_for returns the answer, and drops the caller's cancel,
+    when the cancel lands as the read completes, and the caller (a sampler, say) then goes on
+    reading as if nothing had asked it to stop.
+    """
     try:
-        return await asyncio.wait_for(_read(client, url, timeout, max_bytes), timeout)
+        async with asyncio.timeout(timeout):
+            return await _read(client, url, timeout, max_bytes)
     except TimeoutError:
         raise ScrapeTimeout(f"no complete answer within {timeout:g} s") from None
 

@@ -184,9 +184,12 @@ class LoadDriver:
         """Keep `concurrency` requests in flight until the block exits (then cancel them)."""
         stats = LoadStats()
         counter = iter(range(first_index, first_index + 10_000_000))
+        stopping = False
 
         async def worker() -> None:
-            while True:
+            # The flag as well as the cancel: a worker whose cancel were lost below it would still
+            # stop after its request in flight, rather than keep the load going.
+            while not stopping:
                 stats.num_sent += 1
                 result = await self.complete(make_prompt(next(counter), prompt_words), max_tokens)
                 stats.record(result)
@@ -197,6 +200,7 @@ class LoadDriver:
         try:
             yield stats
         finally:
+            stopping = True
             await _cancel(tasks)
 
 

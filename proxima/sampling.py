@@ -129,8 +129,11 @@ class Sampler:
     async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.samples.append(await self.read())
+            # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for drops a cancel that
+            # lands as `stop` is set, and this loop's cancel must never be lost.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await stop.wait()
 
     @contextlib.asynccontextmanager
     async def running(self, final: bool = True) -> AsyncIterator[Sampler]:
@@ -153,16 +156,23 @@ class Sampler:
             try:
                 yield self
             except BaseException:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await _stop(task, stop)
                 raise
             if not final:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await _stop(task, stop)
                 return
             stop.set()
             await task
             self.samples.append(await self.read())
+
+
+async def _stop(task: asyncio.Future, stop: asyncio.Event) -> None:
+    """End a sampling loop now and wait for it. `stop` is set as well as the task cancelled, so
+    that even a cancel lost below (a library's await that swallows it) ends the loop after the
+    reading in flight, which its scrape budget bounds, rather than never."""
+    stop.set()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def wait_idle(client: httpx.AsyncClient, url: str, timeout_s: float,

@@ -152,14 +152,39 @@ def test_healthy_proxima_server_passes(proxima_server, fault_servers):
         assert text in out, f"{text!r} missing from the human report:\n{out}"
 
 
+# For a doctor that does not stop: SIGUSR1 makes it print its asyncio tasks' stacks and every
+# thread's (faulthandler) on stderr, so that the failure says where it hung.
+_DUMP_ON_SIGUSR1 = (
+    "import asyncio, faulthandler\n"
+    "def _dump(*_):\n"
+    "    try:\n"
+    "        tasks = asyncio.all_tasks(asyncio.get_running_loop())\n"
+    "    except RuntimeError:\n"
+    "        tasks = ()\n"
+    "    for task in tasks:\n"
+    "        task.print_stack(file=sys.stderr)\n"
+    "    faulthandler.dump_traceback(all_threads=True)\n"
+    "signal.signal(signal.SIGUSR1, _dump)\n"
+)
+
+
+def _dump_and_kill(proc: subprocess.Popen) -> str:
+    """The stacks of a hung doctor child, then kill it; its stderr's last part."""
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(3)
+    proc.kill()
+    _, err = proc.communicate()
+    return err[-12000:]
+
+
 @pytest.mark.engine
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
                          ids=["ctrl-c", "sigterm"])
 def test_interrupted_doctor_leaves_no_load(proxima_server, sig, code):
     # A shell without job control starts background children with SIGINT ignored, and Python
     # keeps it ignored; restore Python's own handler (what an interactive Ctrl-C meets).
-    launch = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "sys.argv[0] = 'proxima'; from proxima.cli.main import app; app()")
+    launch = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              f"{_DUMP_ON_SIGUSR1}sys.argv[0] = 'proxima'; from proxima.cli.main import app; app()")
     proc = subprocess.Popen(
         [sys.executable, "-c", launch, "doctor", proxima_server.url, "--checks", "bottleneck",
          "--window", "60"],
@@ -175,11 +200,15 @@ def test_interrupted_doctor_leaves_no_load(proxima_server, sig, code):
             time.sleep(0.2)
         assert prompt_tokens() >= start + 500, "the doctor's load never started"
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the doctor still ran 60 s after {sig.name}; where it was:\n{_dump_and_kill(proc)}")
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == code and "interrupted; all load stopped" in err
+    assert proc.returncode == code and "interrupted; all load stopped" in err, \
+        f"exit code {proc.returncode}; stderr:\n{err[-4000:]}"
     assert _wait_quiet(proxima_server.url), "load still running after the doctor was interrupted"
 
 

@@ -7,7 +7,6 @@ bench's results). The server's side of a level is sampled by `proxima.sampling.S
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Self
 
@@ -27,8 +26,9 @@ class LoopLagProbe:
     async def __aexit__(self, *exc) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # gather, not `await` under suppress(CancelledError): that would also swallow a cancel
+            # of the caller that lands meanwhile (Ctrl-C).
+            await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         while True:

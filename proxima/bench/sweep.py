@@ -165,8 +165,11 @@ async def _rate(client, state, observer, target, source, rate: float, deadline, 
     for index, request in source:
         delay = next_at - time.perf_counter()
         if delay > 0:
+            # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for drops a Ctrl-C
+            # that lands as `stop` is set, and the run would go on to its next level.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.stop.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await state.stop.wait()
         if state.stop.is_set() or (deadline and time.perf_counter() >= deadline):
             break
         send = _send(client, state, observer, target, request, RequestResult(index))

@@ -31,7 +31,7 @@ def launch_shape(b, tiles: TileConfig | None) -> tuple[TileConfig, int]:
 
 
 def sweep_case(name: str, requests: list[tuple[int, int]], seed: int) -> dict:
-    b = build(requests, seed)
+    b = build(requests, seed, contiguous_slots=name.endswith("contiguous slots"))  # as bench_mixed's cases
     out = {k: torch.empty_like(b.q) for k in ("proxima", "fa3", "triton")}
     launches = kernels(b, out)
     result = {"case": name, "fa3_us": replay_us(launches["fa3"][1]), "runs": []}
