@@ -142,16 +142,16 @@ def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix
     preemptions = [0]
     schedule, preempt = scheduler.schedule, scheduler._preempt_request
 
-    dense_tiles, prefill_tiles = DenseTileTally(), DenseTileTally("prefill_dense_tiles")
-    tallying = [False]  # the contiguity tally runs in its own untimed pass: it costs ms per step
+    # (contexts read, contexts prefilled) while the untimed contiguity pass runs: it costs ms per step
+    tallies: list[DenseTileTally] = []
 
     def timed(*a, **k):
         out_ = schedule(*a, **k)
         running.append(len(scheduler.running))
-        if tallying[0]:  # contiguous KV tiles of every context read, and of those prefilled
+        if tallies:  # contiguous KV tiles of every context read, and of those prefilled
             table = scheduler.kv_cache_manager.table
-            dense_tiles.add(table, (r.request_id for r in scheduler.running))
-            prefill_tiles.add(table, (rid for rid, n in out_.num_scheduled_tokens.items() if n > 1))
+            tallies[0].add(table, (r.request_id for r in scheduler.running))
+            tallies[1].add(table, (rid for rid, n in out_.num_scheduled_tokens.items() if n > 1))
         return out_
 
     def counted(*a, **k):
@@ -219,11 +219,10 @@ def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix
                        "slots_total": (getattr(scheduler, "last_kv_stats", None)
                                        and scheduler.last_kv_stats.slots_total)}
         if proxima is True:  # the same workload again, untimed, reading each step's slot lists
-            dense_tiles, prefill_tiles = DenseTileTally(), DenseTileTally("prefill_dense_tiles")
-            tallying[0] = True
+            tallies[:] = [DenseTileTally(), DenseTileTally("prefill_dense_tiles")]
             llm.generate(ps, sp, use_tqdm=False)
-            tallying[0] = False
-            result[job].update(**dense_tiles.shares(), **prefill_tiles.shares())
+            result[job].update(**tallies[0].shares(), **tallies[1].shares())
+            tallies.clear()
         if profile:
             result[job]["host"] = host
             result[job]["kernels"] = kernel_profile(lambda ps=ps, sp=sp: llm.generate(ps, sp, use_tqdm=False))
