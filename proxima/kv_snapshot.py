@@ -55,6 +55,9 @@ class KVSnapshot:
     prefix_evicted_tokens_total: float = 0.0
     # Exceptions a telemetry sink raised and the engine caught (its figures may be stale meanwhile).
     telemetry_errors_total: float = 0.0
+    # "block": figures that depend on other requests' cached tokens come in whole blocks, and the
+    # occupancy map, largest free run and hits beyond blocks are not published; "exact": all are.
+    kv_figures: str = "exact"
     # Catalog figures without a field above, by figure name.
     other: dict[str, float] = field(default_factory=dict)
 
@@ -63,9 +66,14 @@ class KVSnapshot:
         return self.slots_used / self.slots_total if self.slots_total else 0.0
 
     @property
+    def exact_figures(self) -> bool:
+        return self.kv_figures == "exact"
+
+    @property
     def beyond_blocks_share(self) -> float | None:
-        """Share of prefix-cache hit tokens a block cache of the reference size would miss."""
-        if not self.prefix_hit_tokens_total:
+        """Share of prefix-cache hit tokens a block cache of the reference size would miss (None
+        where the server discloses figures in whole blocks)."""
+        if not self.prefix_hit_tokens_total or not self.exact_figures:
             return None
         return self.prefix_hit_tokens_beyond_blocks_total / self.prefix_hit_tokens_total
 
@@ -125,6 +133,8 @@ def read_engine(s: Samples, engine: str | None, info: dict[str, str]) -> KVSnaps
         if read is c.Read.LABELS:
             values[spec.figure] = info.get("allocator", "?")
             values["granularity"] = int(info.get("block_size", "1") or 1)
+            # Servers from before the label published exact figures.
+            values["kv_figures"] = info.get("kv_figures", "exact")
         elif read is c.Read.SEGMENTS:
             segments = {segment_of(x): x.value for x in s.by_name.get(spec.name, ()) if mine(x)}
             values[spec.figure] = tuple(v for _, v in sorted(segments.items()))
@@ -149,7 +159,8 @@ def _combined(spec: c.MetricSpec, kvs: Sequence[KVSnapshot]) -> dict[str, Any]:
     rule, name = spec.combine, spec.figure
     if rule is c.Combine.LABELS:
         return {name: "/".join(sorted({k.figure(name) for k in kvs})),
-                "granularity": min(k.granularity for k in kvs)}
+                "granularity": min(k.granularity for k in kvs),
+                "kv_figures": "/".join(sorted({k.kv_figures for k in kvs}))}
     if rule in (c.Combine.RATIO, c.Combine.WASTE):
         return {name: _computed(spec, [k.figure for k in kvs])}
     parts = [k.figure(name) for k in kvs]

@@ -24,13 +24,16 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
+from proxima import tenancy
 from proxima.engine.settings import (
     ALLOCATOR_ENV,
     ALLOCATORS,
+    KV_FIGURES_ENV,
     ProximaConfigError,
     telemetry_interval_from_env,
 )
 from proxima.hosts import is_loopback
+from proxima.metrics.catalog import REFERENCE_BLOCK_SIZE
 from proxima.metrics.otel_env import ENDPOINT_ENV as OTLP_ENDPOINT_ENV
 
 logger = logging.getLogger(__name__)
@@ -89,11 +92,12 @@ def exposure_note(args: list[str]) -> str | None:
     vLLM (and so `proxima serve`, a drop-in) binds every interface unless --host is given; that
     stays, but nobody should find out from a stranger's requests."""
     host = _flag_value(args, "--host")
-    if _has_flag(args, "--api-key") or os.environ.get("VLLM_API_KEY"):
-        return None
     if host is not None and is_loopback(host):
         return None
     where = f"--host {host}" if host else "every interface (no --host)"
+    if _has_flag(args, "--api-key") or os.environ.get("VLLM_API_KEY"):
+        return (f"the server listens on {where}; --api-key guards /v1 only: /metrics, /tokenize and "
+                "/detokenize answer anyone who can reach this machine (keep them behind your gateway)")
     return (f"the server listens on {where} without --api-key: anyone who can reach this machine can "
             "use it; pass --host 127.0.0.1 to keep it local, or --api-key KEY")
 
@@ -120,7 +124,8 @@ def cpu_kv_default(args: list[str], available_bytes: int | None = None) -> tuple
 
 def build_serve_command(model: str, allocator: str, vllm_args: list[str],
                         cuda: bool | None = None, otlp_endpoint: str | None = None,
-                        available_bytes: int | None = None) -> ServeCommand:
+                        available_bytes: int | None = None, exact_kv_figures: bool = False,
+                        tenant_salt: str | None = None) -> ServeCommand:
     if allocator not in ALLOCATORS:
         raise ProximaConfigError(
             f"--proxima-allocator {allocator!r}: choose one of {', '.join(ALLOCATORS)}"
@@ -138,6 +143,12 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
             notes.append("prefix cache: off (--no-enable-prefix-caching)")
         else:
             notes.append("prefix cache: on, token-exact (--no-enable-prefix-caching turns it off)")
+        notes.append(
+            "prefix-cache figures: exact, token by token (serve one tenant only: any client who reads "
+            "/metrics or cached_tokens learns what others cached, token by token)"
+            if exact_kv_figures else
+            f"prefix-cache figures: in whole {REFERENCE_BLOCK_SIZE}-token blocks, as a block cache "
+            "reports them (--proxima-exact-kv-figures for a single-tenant server)")
         if cuda is None:
             cuda = _cuda_available()
         if cuda and not _has_flag(args, "--attention-backend"):
@@ -153,12 +164,17 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
         args += extra
         if note:
             notes.append(note)
+    env = {ALLOCATOR_ENV: allocator, KV_FIGURES_ENV: "exact" if exact_kv_figures else "block"}
+    if tenant_salt is not None:
+        args += ["--middleware", tenancy.MIDDLEWARE]
+        env.update(_tenant_env(tenant_salt, args))
+        notes.append(f"tenants: each {_tenant_word(tenant_salt)} gets its own prefix cache "
+                     "(--proxima-tenant-salt)")
     exposure = exposure_note(args)
     if exposure:
         notes.append(exposure)
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args,
             "--scheduler-cls", SCHEDULER_CLS]
-    env = {ALLOCATOR_ENV: allocator}
     if otlp_endpoint:
         if not otlp_endpoint.startswith(("http://", "https://")):
             raise ProximaConfigError(
@@ -166,6 +182,21 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
             )
         env[OTLP_ENDPOINT_ENV] = otlp_endpoint
     return ServeCommand(argv=argv, env=env, notes=notes)
+
+
+def _tenant_env(value: str, args: list[str]) -> dict[str, str]:
+    try:
+        source = tenancy.TenantSource.parse(value)
+    except tenancy.TenancyConfigError as err:
+        raise ProximaConfigError(str(err)) from None
+    if source.mode == "api-key" and not (_has_flag(args, "--api-key") or os.environ.get("VLLM_API_KEY")):
+        raise ProximaConfigError(
+            "--proxima-tenant-salt api-key needs --api-key KEY [KEY ...] (one key per tenant)")
+    return {tenancy.MODE_ENV: value, tenancy.SECRET_ENV: tenancy.new_secret()}
+
+
+def _tenant_word(value: str) -> str:
+    return "API key" if value.strip() == "api-key" else f"value of header {value.split(':', 1)[1].strip()}"
 
 
 def _cuda_available() -> bool:

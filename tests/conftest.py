@@ -18,6 +18,8 @@ from proxima.server_process import ManagedServer, ServerSpec
 SERVER_ARGS = (
     "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 << 20),
     "--enforce-eager", "--max-num-seqs", "64",
+    # The usage block's cached_tokens: one of the channels tests/test_prefix_side_channel.py reads.
+    "--enable-prompt-tokens-details",
 )
 
 

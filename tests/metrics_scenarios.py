@@ -143,6 +143,7 @@ if __name__ == "__main__":
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["PROXIMA_ALLOCATOR"] = variant.removesuffix("-prefix")
     os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = "0"  # publish every step: snapshots are per step
+    os.environ["PROXIMA_KV_FIGURES"] = "exact"  # the figures are checked against the engine, token by token
     if variant.endswith("-prefix"):
         data = prefix_scenario(model_dir, 1 if variant == "token-prefix" else 32)
     else:

@@ -18,6 +18,17 @@ def serve(
         None, "--otlp-metrics-endpoint",
         help="Also export Proxima's KV metrics and per-request KV spans over OTLP/HTTP to this URL.",
     ),
+    exact_kv_figures: bool = typer.Option(
+        False, "--proxima-exact-kv-figures",
+        help="Publish token-exact prefix-cache figures. Only for a server whose clients may learn what "
+             "each other cached: by default hits are reported in whole 16-token blocks, as vLLM's "
+             "block cache reports them (docs/security.md).",
+    ),
+    tenant_salt: str = typer.Option(
+        None, "--proxima-tenant-salt",
+        help="Give each tenant its own prefix cache without client changes: api-key (one per "
+             "--api-key key) or header:NAME (the tenant named in header NAME by your gateway).",
+    ),
     check_only: bool = typer.Option(False, "--check", help="Validate the configuration and exit."),
 ) -> None:
     from proxima.engine.settings import ProximaConfigError
@@ -25,7 +36,8 @@ def serve(
 
     try:
         command = build_serve_command(model, proxima_allocator, list(ctx.args),
-                                      otlp_endpoint=otlp_metrics_endpoint)
+                                      otlp_endpoint=otlp_metrics_endpoint,
+                                      exact_kv_figures=exact_kv_figures, tenant_salt=tenant_salt)
         problems = preflight(command)
     except ProximaConfigError as err:
         fail(str(err))

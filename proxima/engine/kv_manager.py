@@ -130,6 +130,7 @@ class SlotKVCacheManager:
         watermark: float = 0.0,
         timings: OpTimings | None = None,
         prefix_caching: bool | None = None,
+        exact_figures: bool = True,
     ) -> None:
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise ValueError(
@@ -156,6 +157,9 @@ class SlotKVCacheManager:
         )
         self.allocator = self.cache.allocator
         self.table = self.cache.table
+        # False: what vLLM reports to clients of a request's prefix hit (its hit counters, the usage
+        # block's cached_tokens) is counted in whole reference blocks, as a block cache would.
+        self.exact_figures = exact_figures
         self.watermark_slots = int(watermark * kv_cache_config.num_blocks)
         self.timings = timings
         leak = leak_per_free_from_env()
@@ -176,8 +180,17 @@ class SlotKVCacheManager:
 
     @property
     def usage(self) -> float:
-        """Share of slots live requests reference (cached, unreferenced slots count as free)."""
-        return self.cache.num_referenced / self.cache.num_slots
+        """Share of slots live requests reference (cached, unreferenced slots count as free):
+        vllm:kv_cache_usage_perc. Tree slots in whole blocks unless exact (kv_sources.py)."""
+        cache = self.cache
+        if self.exact_figures:
+            return cache.num_referenced / cache.num_slots
+        tree = cache.tree
+        return min(1.0, (cache.num_referenced - tree.num_locked + tree.num_locked_blocks) / cache.num_slots)
+
+    def disclosed(self, num_tokens: int) -> int:
+        """A count of prefix-hit tokens as clients may read it: whole reference blocks unless exact."""
+        return num_tokens if self.exact_figures else num_tokens - num_tokens % REFERENCE_BLOCK_SIZE
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
         """The longest cached prefix of the request's tokens, at most all but the last one."""
@@ -192,7 +205,7 @@ class SlotKVCacheManager:
         num_hit = hit.num_tokens if hit is not None else 0
         if self.log_stats:
             assert self.prefix_cache_stats is not None
-            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit,
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=self.disclosed(num_hit),
                                            preempted=request.num_preemptions > 0)
         if hit is None:
             return self.empty_kv_cache_blocks, 0, 0
@@ -282,7 +295,8 @@ class SlotKVCacheManager:
         raise NotImplementedError("Proxima's slot manager does not build KVCacheBlocks from blocks")
 
     def estimate_cached_tokens(self, request: Request) -> int:
-        return self.cache.num_in_tree(request.request_id)
+        """Tokens of the request the cache holds now (vLLM reports the growth as "cache creation")."""
+        return self.disclosed(self.cache.num_in_tree(request.request_id))
 
     # -- prefix cache control -----------------------------------------------------------------
 

@@ -70,13 +70,24 @@ class _SlowFigures:
 
 
 class SlotKVSource:
-    """Proxima's slot cache: every count is kept by the cache itself."""
+    """Proxima's slot cache: every count is kept by the cache itself.
+
+    `exact` False (the default of `proxima serve`) publishes block-granular disclosure: a client
+    who can read the figures must learn no more about other requests' cached tokens than a
+    `reference_block`-token block cache would tell it. Where a request's prompt leaves a cached
+    sequence is the exact shared length, so the prefix tree's slots are counted by the block
+    boundaries they cross (`RadixTree.num_*_blocks`), hits in whole blocks, and the figures that
+    count physical slots one by one (occupancy map, largest free run) are not disclosed. Slots a
+    request holds privately are counted exactly: they do not depend on other requests. The
+    allocator itself still shares every token. docs/security.md argues each figure.
+    """
 
     granularity = 1
 
     def __init__(self, manager: SlotKVCacheManager, allocator: str, timings: OpTimings | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, exact: bool = True) -> None:
         self.allocator = allocator
+        self.exact = exact
         self._mgr = manager
         self._slow = _SlowFigures(clock)
         # The manager times its allocate and free calls into the scheduler's log (None: untimed).
@@ -90,24 +101,35 @@ class SlotKVSource:
         return self._mgr.table.num_slots(request_id)
 
     def collect(self, running: Sequence) -> KVStats:
-        cache = self._mgr.cache
+        cache, tree = self._mgr.cache, self._mgr.cache.tree
         live = live_tokens_per_request(running)
-        if self._slow.due(busy=bool(running)):
-            self._slow.scan(self._mgr.allocator.in_use)
         counters = cache.counters
         # A slot k requests share counts once; so do the full blocks a 16-token block cache
         # would have shared for the same requests.
-        return KVStats(
+        live_tokens = int(live.sum()) - tree.shared_excess
+        used, cached = cache.num_referenced, cache.num_cached
+        figures = dict(
             allocator=self.allocator,
             granularity=self.granularity,
             slots_total=cache.num_slots,
-            slots_used=cache.num_referenced,
-            slots_cached=cache.num_cached,
-            live_tokens=int(live.sum()) - cache.tree.shared_excess,
             num_requests=len(self._mgr.table),
             reference_block=catalog.REFERENCE_BLOCK_SIZE,
-            reference_block_slots=block_slots(live, catalog.REFERENCE_BLOCK_SIZE)
-            - cache.tree.shared_excess_blocks,
+            reference_block_slots=block_slots(live, catalog.REFERENCE_BLOCK_SIZE) - tree.shared_excess_blocks,
+        )
+        if not self.exact:
+            # Slots allocated to tokens not yet computed (the waste) are each request's own.
+            waste_slots = max(0, used - live_tokens)
+            used = min(cache.num_slots, used - tree.num_locked + tree.num_locked_blocks)
+            return KVStats(
+                **figures, slots_used=used, live_tokens=max(0, used - waste_slots),
+                slots_cached=min(cache.num_slots - used, tree.num_evictable_blocks),
+                prefix=PrefixCacheTotals(counters.hit_tokens_in_blocks, None, counters.evicted_block_slots),
+                occupancy=None, largest_free_run=None, exact=False,
+            )
+        if self._slow.due(busy=bool(running)):
+            self._slow.scan(self._mgr.allocator.in_use)
+        return KVStats(
+            **figures, slots_used=used, slots_cached=cached, live_tokens=live_tokens,
             prefix=PrefixCacheTotals(counters.hit_tokens, counters.hit_tokens_beyond_blocks,
                                      counters.evicted_tokens),
             occupancy=self._slow.occupancy,

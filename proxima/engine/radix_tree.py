@@ -25,6 +25,11 @@ Sizes kept incrementally, so metrics read them in O(1):
                  once per extra request (what a cache without sharing would have stored twice)
   shared_excess_blocks  the same, counting only full `reference_block`-token blocks, i.e. what a
                  block-granular prefix cache would have shared on the same requests
+  num_evictable_blocks, num_locked_blocks  the first two counted in whole reference blocks: each
+                 node as `reference_block` slots per block boundary its positions cross. Where
+                 one sequence branches from another depends on the exact shared length; a count
+                 made of block boundaries depends on it to the block only, which is what clients
+                 may be told (kv_sources.py, docs/security.md)
 
 Error contract: the tree never frees slots itself; `evict` returns the slots it dropped and the
 caller gives them back to the allocator. Misuse (unlocking an unlocked node) raises.
@@ -83,6 +88,8 @@ class RadixTree:
         self.num_locked = 0
         self.shared_excess = 0
         self.shared_excess_blocks = 0
+        self.num_evictable_blocks = 0
+        self.num_locked_blocks = 0
 
     @property
     def num_cached(self) -> int:
@@ -175,6 +182,7 @@ class RadixTree:
         parent.children[int(tokens[0])] = leaf
         self.num_nodes += 1
         self.num_evictable += tokens.size
+        self.num_evictable_blocks += self._full_blocks(leaf)
         leaf.last_access = self._tick()
         self._push(leaf)
         return leaf
@@ -187,8 +195,11 @@ class RadixTree:
         while node.parent is not None:
             size = node.tokens.size
             if node.lock_ref == 0:
+                blocks = self._full_blocks(node)
                 self.num_evictable -= size
                 self.num_locked += size
+                self.num_evictable_blocks -= blocks
+                self.num_locked_blocks += blocks
             else:
                 self.shared_excess += size
                 self.shared_excess_blocks += self._full_blocks(node)
@@ -204,8 +215,11 @@ class RadixTree:
             node.lock_ref -= 1
             size = node.tokens.size
             if node.lock_ref == 0:
+                blocks = self._full_blocks(node)
                 self.num_locked -= size
                 self.num_evictable += size
+                self.num_locked_blocks -= blocks
+                self.num_evictable_blocks += blocks
                 node.last_access = now
                 if not node.children:
                     self._push(node)
@@ -237,10 +251,7 @@ class RadixTree:
                 self._remove(node)
             else:  # keep the head of the run: its prefix is still a valid cache entry
                 freed.append(node.slots[size - take:])
-                node.tokens = node.tokens[: size - take]  # views: no copy per trim
-                node.slots = node.slots[: size - take]
-                node.end -= take
-                self.num_evictable -= take
+                self._shorten(node, take)  # views: no copy per trim
                 self._push(node)
             need -= take
         self._compact_heap()
@@ -273,14 +284,22 @@ class RadixTree:
             else:
                 cut = node.end - keep
                 dropped.append(node.slots[-cut:])
-                node.tokens, node.slots = node.tokens[:-cut].copy(), node.slots[:-cut].copy()
-                node.end = keep
-                self.num_evictable -= cut
+                self._shorten(node, cut)
+                node.tokens, node.slots = node.tokens.copy(), node.slots.copy()
             node = parent
         return np.concatenate(dropped) if dropped else _EMPTY_SLOTS
 
     def evict_all(self) -> np.ndarray:
         return self.evict(self.num_evictable)
+
+    def _shorten(self, node: Node, cut: int) -> None:
+        """Drop the last `cut` tokens of an unlocked node (as views of its arrays)."""
+        blocks = self._full_blocks(node)
+        keep = node.tokens.size - cut
+        node.tokens, node.slots = node.tokens[:keep], node.slots[:keep]
+        node.end -= cut
+        self.num_evictable -= cut
+        self.num_evictable_blocks -= blocks - self._full_blocks(node)
 
     def _remove(self, node: Node) -> None:
         parent = node.parent
@@ -289,6 +308,7 @@ class RadixTree:
         node.parent = None
         self.num_nodes -= 1
         self.num_evictable -= node.tokens.size
+        self.num_evictable_blocks -= self._full_blocks(node)
         if parent.parent is not None and parent.lock_ref == 0 and not parent.children:
             self._push(parent)
 
@@ -329,10 +349,11 @@ class RadixTree:
             stack.extend(node.children.values())
 
     def assert_consistent(self) -> None:
-        evictable = locked = excess = count = 0
+        evictable = locked = excess = count = evictable_blocks = locked_blocks = excess_blocks = 0
         for node in self.nodes():
             count += 1
             size = node.tokens.size
+            blocks = self._full_blocks(node)
             assert size > 0 and node.slots.size == size, node
             parent = node.parent
             assert parent is not None and parent.children.get(int(node.tokens[0])) is node, node
@@ -341,11 +362,16 @@ class RadixTree:
                 assert node.lock_ref <= parent.lock_ref, (node, parent)
             if node.lock_ref:
                 locked += size
+                locked_blocks += blocks
                 excess += (node.lock_ref - 1) * size
+                excess_blocks += (node.lock_ref - 1) * blocks
             else:
                 evictable += size
+                evictable_blocks += blocks
         assert count == self.num_nodes, (count, self.num_nodes)
         assert (evictable, locked, excess) == (self.num_evictable, self.num_locked, self.shared_excess)
+        assert (evictable_blocks, locked_blocks, excess_blocks) == (
+            self.num_evictable_blocks, self.num_locked_blocks, self.shared_excess_blocks)
 
     def all_slots(self) -> np.ndarray:
         runs = [n.slots for n in self.nodes()]

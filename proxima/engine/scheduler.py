@@ -37,12 +37,12 @@ logger = logging.getLogger(f"vllm.{__name__}")
 
 
 @contextlib.contextmanager
-def _slot_manager_in_place(prefix_caching: bool):
+def _slot_manager_in_place(prefix_caching: bool, exact_figures: bool):
     """vLLM 0.26 builds its manager inline in Scheduler.__init__; swap the class it names for
     the constructor's duration, so the stock manager (one Python object per block) is never built."""
     original = vllm_scheduler.KVCacheManager
-    vllm_scheduler.KVCacheManager = functools.partial(SlotKVCacheManager,
-                                                      prefix_caching=prefix_caching)
+    vllm_scheduler.KVCacheManager = functools.partial(SlotKVCacheManager, prefix_caching=prefix_caching,
+                                                      exact_figures=exact_figures)
     try:
         yield
     finally:
@@ -65,12 +65,14 @@ class ProximaScheduler(Scheduler):
         self.proxima_allocator = settings.allocator
         self.telemetry_on = settings.telemetry
         self.telemetry_interval_s = settings.telemetry_interval_s
+        # Block-granular disclosure of prefix hits applies where hits are token-exact: token slots.
+        self.round_prefill_stats = settings.token_slots and not settings.exact_kv_figures
         if settings.token_slots:
             problems = unsupported_options(vllm_config)
             if problems:
                 raise ProximaConfigError("Proxima cannot serve: " + "; ".join(problems))
             prefix_caching = bool(vllm_config.cache_config.enable_prefix_caching)
-            with _slot_manager_in_place(prefix_caching):
+            with _slot_manager_in_place(prefix_caching, settings.exact_kv_figures):
                 super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
             # The slot cache matches token ids itself: without this, the engine core (which reads
             # the flag right after building the scheduler) would hash every token of every
@@ -98,26 +100,30 @@ class ProximaScheduler(Scheduler):
         self._timings = OpTimings()
         self.kv_source: KVSource = (
             SlotKVSource(self.kv_cache_manager, settings.allocator,
-                         self._timings if settings.telemetry else None)
+                         self._timings if settings.telemetry else None, exact=settings.exact_kv_figures)
             if settings.token_slots else
             BlockPoolKVSource(self.kv_cache_manager, settings.allocator, self.block_size))
         spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         num_layers = len(kv_cache_config.kv_cache_groups[0].layer_names)
         bytes_per_token = spec.page_size_bytes * num_layers // spec.block_size
         cache_bytes = sum(t.size for t in kv_cache_config.kv_cache_tensors)
+        kv_figures = "exact" if settings.exact_kv_figures or not settings.token_slots else "block"
         for sink in self.kv_sinks:
-            sink.set_static(settings.allocator, self.kv_source.granularity, bytes_per_token, cache_bytes)
+            sink.set_static(settings.allocator, self.kv_source.granularity, bytes_per_token, cache_bytes,
+                            kv_figures)
         self._published_at = float("-inf")
         self.last_kv_stats: KVStats | None = None
         logger.info(
             "Proxima: allocator=%s slots=%d kv_bytes_per_token=%d kv_cache_bytes=%d "
-            "prefix_cache=%s", settings.allocator, kv_cache_config.num_blocks * spec.block_size,
-            bytes_per_token, cache_bytes, "on" if self.kv_source.prefix_caching else "off",
+            "prefix_cache=%s kv_figures=%s", settings.allocator, kv_cache_config.num_blocks * spec.block_size,
+            bytes_per_token, cache_bytes, "on" if self.kv_source.prefix_caching else "off", kv_figures,
         )
 
     def schedule(self, *args, **kwargs):
         start = time.perf_counter()
         output = super().schedule(*args, **kwargs)
+        if self.round_prefill_stats and output.scheduled_new_reqs:
+            self._disclose_prefill_hits(output.scheduled_new_reqs)
         if not self.telemetry_on:
             return output
         end = time.perf_counter()
@@ -147,6 +153,20 @@ class ProximaScheduler(Scheduler):
             for op, seconds in timings.items():
                 sink.observe_latencies(op, seconds)
             sink.publish(self.last_kv_stats)
+
+    def _disclose_prefill_hits(self, new_reqs) -> None:
+        """A request's first schedule recorded its exact prefix hit in `prefill_stats`, which
+        becomes the usage block's `cached_tokens` and vLLM's per-request hit metrics: count it in
+        whole blocks before it leaves the engine (the hit itself is used exactly)."""
+        disclosed = self.kv_cache_manager.disclosed
+        for data in new_reqs:
+            request = self.requests.get(data.req_id)
+            stats = None if request is None else request.prefill_stats
+            if stats is None or disclosed(stats.num_local_cached_tokens) == stats.num_local_cached_tokens:
+                continue
+            stats.set(num_prompt_tokens=stats.num_prompt_tokens,
+                      num_local_cached_tokens=disclosed(stats.num_local_cached_tokens),
+                      num_external_cached_tokens=stats.num_external_cached_tokens)
 
     def _preempt_request(self, request, timestamp: float) -> None:
         super()._preempt_request(request, timestamp)

@@ -18,6 +18,10 @@ TELEMETRY_INTERVAL_ENV = "PROXIMA_TELEMETRY_INTERVAL_S"
 # Scrapes come seconds apart and `proxima top` refreshes at 2 Hz: 20 Hz keeps every reader current
 # while a busy engine (a step every few ms) pays the collection and export on one step in several.
 DEFAULT_TELEMETRY_INTERVAL_S = 0.05
+# "exact" publishes token-exact prefix-cache figures; the default, "block", publishes every figure
+# that depends on what other requests cached no finer than whole 16-token blocks (docs/security.md).
+KV_FIGURES_ENV = "PROXIMA_KV_FIGURES"
+KV_FIGURES = ("block", "exact")
 
 
 class ProximaConfigError(ValueError):
@@ -29,6 +33,7 @@ class ProximaSettings:
     allocator: str | None  # None: Proxima is installed but not switched on
     telemetry: bool = True
     telemetry_interval_s: float = DEFAULT_TELEMETRY_INTERVAL_S
+    exact_kv_figures: bool = False
 
     @property
     def token_slots(self) -> bool:
@@ -42,7 +47,13 @@ class ProximaSettings:
                 f"{ALLOCATOR_ENV}={value!r} is not an allocator; use one of {', '.join(ALLOCATORS)}"
             )
         telemetry = os.environ.get(TELEMETRY_ENV, "on").strip().lower() not in ("off", "0", "false")
-        return cls(allocator=value, telemetry=telemetry, telemetry_interval_s=telemetry_interval_from_env())
+        figures = os.environ.get(KV_FIGURES_ENV, "").strip().lower() or KV_FIGURES[0]
+        if figures not in KV_FIGURES:
+            raise ProximaConfigError(
+                f"{KV_FIGURES_ENV}={figures!r} is not a figure mode; use one of {', '.join(KV_FIGURES)}"
+            )
+        return cls(allocator=value, telemetry=telemetry, telemetry_interval_s=telemetry_interval_from_env(),
+                   exact_kv_figures=figures == "exact")
 
 
 def telemetry_interval_from_env() -> float:

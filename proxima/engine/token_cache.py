@@ -64,6 +64,12 @@ class CacheCounters:
     hit_tokens: int = 0  # tokens admitted from the cache instead of computed
     hit_tokens_beyond_blocks: int = 0  # of those, tokens a `reference_block` cache would miss
     evicted_tokens: int = 0
+    evicted_block_slots: int = 0  # the same, in whole blocks (RadixTree.num_evictable_blocks)
+
+    @property
+    def hit_tokens_in_blocks(self) -> int:
+        """Hit tokens counted in whole reference blocks: what a block cache reports."""
+        return self.hit_tokens - self.hit_tokens_beyond_blocks
 
 
 class TokenSlotCache:
@@ -212,13 +218,16 @@ class TokenSlotCache:
         return True
 
     def evict_slots(self, slots: set[int]) -> None:
-        freed = self.tree.evict_slots(slots)
-        self.counters.evicted_tokens += freed.size
-        self.allocator.free(freed)
+        self._count_evicted(self.tree.evict_slots, slots)
 
     def _evict(self, num_slots: int) -> None:
-        freed = self.tree.evict(num_slots)
+        self._count_evicted(self.tree.evict, num_slots)
+
+    def _count_evicted(self, evict, arg) -> None:
+        blocks = self.tree.num_evictable_blocks
+        freed = evict(arg)
         self.counters.evicted_tokens += freed.size
+        self.counters.evicted_block_slots += blocks - self.tree.num_evictable_blocks
         self.allocator.free(freed)
 
     def num_in_tree(self, request_id: str) -> int:

@@ -101,9 +101,11 @@ _LATENCY_BUCKETS = (
 ALLOCATOR_INFO = MetricSpec(
     "proxima_allocator_info",
     Kind.GAUGE,
-    "Constant 1, labelled with the KV allocator in use (token = Proxima slots, block = stock vLLM) "
-    "and the allocation granularity in tokens.",
-    labels=("engine", "allocator", "block_size"),
+    "Constant 1, labelled with the KV allocator in use (token = Proxima slots, block = stock vLLM), "
+    "the allocation granularity in tokens, and kv_figures: block when the figures that depend on "
+    f"other requests' cached tokens are disclosed in whole {REFERENCE_BLOCK_SIZE}-token blocks "
+    "(the default), exact when token-exact (--proxima-exact-kv-figures).",
+    labels=("engine", "allocator", "block_size", "kv_figures"),
     figure="allocator", read=Read.LABELS, combine=Combine.LABELS,
 )
 SLOTS_TOTAL = MetricSpec(

@@ -13,6 +13,12 @@ sinks. Both allocators are measured by the same definitions:
   block fragmentation   the same, had each request been given whole blocks of `reference_block`
                         (with a block-granular prefix cache sharing the full blocks it could)
 
+Under block-granular disclosure (the default; `exact` False) every figure that depends on what
+other requests cached is computed so that it depends on shared lengths only to the whole
+`reference_block`: see `proxima.engine.kv_sources` and docs/security.md. The figures that cannot
+be (the physical occupancy map, the largest free run, hits beyond whole blocks) are None then,
+and exporters publish nothing for them.
+
 Each exported figure names its attribute here in its catalog entry (`MetricSpec.stat`).
 """
 
@@ -26,7 +32,7 @@ class PrefixCacheTotals:
     """Cumulative prefix-cache counts since the engine started (exported as counters)."""
 
     hit_tokens: int = 0
-    hit_tokens_beyond_blocks: int = 0  # hits a `reference_block`-token block cache would miss
+    hit_tokens_beyond_blocks: int | None = 0  # hits a `reference_block`-token block cache would miss
     evicted_tokens: int = 0
 
 
@@ -41,9 +47,10 @@ class KVStats:
     num_requests: int
     reference_block: int
     reference_block_slots: int
-    occupancy: tuple[float, ...]
-    largest_free_run: int
+    occupancy: tuple[float, ...] | None
+    largest_free_run: int | None
     prefix: PrefixCacheTotals = PrefixCacheTotals()
+    exact: bool = True  # False: block-granular disclosure (module docstring)
 
     @property
     def slots_free(self) -> int:

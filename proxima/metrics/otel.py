@@ -87,8 +87,9 @@ class OtelKVExporter:
 
     # -- the sink interface the scheduler calls -----------------------------------------------
 
-    def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None:
-        self._info = {"allocator": allocator, "block_size": str(granularity)}
+    def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int,
+                   kv_figures: str = "exact") -> None:
+        self._info = {"allocator": allocator, "block_size": str(granularity), "kv_figures": kv_figures}
         self._static = {c.BYTES_PER_TOKEN.name: bytes_per_token, c.CACHE_BYTES.name: cache_bytes}
 
     def observe_latencies(self, op: str, seconds: Sequence[float]) -> None:
@@ -124,7 +125,9 @@ class OtelKVExporter:
         def callback(options: CallbackOptions):
             with self._lock:
                 stats = self._stats
-            return [] if stats is None else [Observation(read(stats), self._attrs)]
+            value = None if stats is None else read(stats)
+            # None: a figure not disclosed under block-granular figures (KVStats.exact)
+            return [] if value is None else [Observation(value, self._attrs)]
         return callback
 
     def _observe_static(self, name: str):
@@ -136,10 +139,11 @@ class OtelKVExporter:
         def callback(options: CallbackOptions):
             with self._lock:
                 stats = self._stats
-            if stats is None:
+            values = None if stats is None else read(stats)
+            if values is None:
                 return []
             return [Observation(v, {"engine": self.engine, "segment": str(i)})
-                    for i, v in enumerate(read(stats))]
+                    for i, v in enumerate(values)]
         return callback
 
     def _observe_info(self, options: CallbackOptions):

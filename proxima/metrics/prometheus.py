@@ -101,9 +101,10 @@ class PrometheusKVExporter:
                 engine=self.engine, sink=sink)
         counter.inc()
 
-    def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None:
+    def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int,
+                   kv_figures: str = "exact") -> None:
         self._m[c.ALLOCATOR_INFO.name].labels(
-            engine=self.engine, allocator=allocator, block_size=str(granularity)
+            engine=self.engine, allocator=allocator, block_size=str(granularity), kv_figures=kv_figures,
         ).set(1)
         for spec, value in ((c.BYTES_PER_TOKEN, bytes_per_token), (c.CACHE_BYTES, cache_bytes)):
             self._m[spec.name].labels(engine=self.engine).set(value)
@@ -118,18 +119,23 @@ class PrometheusKVExporter:
         """Per-request facts go to traces (OpenTelemetry), not to Prometheus."""
 
     def publish(self, stats: KVStats) -> None:
+        # A figure that is None is not disclosed (KVStats.exact): its series is never written.
         for gauge, read in self._gauges:
-            gauge.set(read(stats))
+            value = read(stats)
+            if value is not None:
+                gauge.set(value)
         shown = self._shown
         for counter, read, name in self._counters:
             now = read(stats)
+            if now is None:
+                continue
             if now > shown.get(name, 0):
                 counter.inc(now - shown.get(name, 0))
             shown[name] = now
         # The map is refreshed every SLOW_STATS_INTERVAL_S, not every step: 64 sets only when it has.
         for children, read, name in self._maps:
             values = read(stats)
-            if values is not shown.get(name):
+            if values is not None and values is not shown.get(name):
                 for gauge, value in zip(children, values):
                     gauge.set(value)
                 shown[name] = values

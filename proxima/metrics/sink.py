@@ -31,7 +31,7 @@ DEFAULT_LOG_INTERVAL_S = 60.0
 
 class KVTelemetrySink(Protocol):
     def set_static(self, allocator: str, granularity: int, bytes_per_token: int,
-                   cache_bytes: int) -> None: ...
+                   cache_bytes: int, kv_figures: str = "exact") -> None: ...
     def observe_latencies(self, op: str, seconds: Sequence[float]) -> None: ...
     def count_preemption(self) -> None: ...
     def publish(self, stats: KVStats) -> None: ...
@@ -102,9 +102,10 @@ class GuardedSink:
     def __init__(self, name: str, sink: KVTelemetrySink, owner: FailOpenSinks) -> None:
         self.name, self.sink, self._owner = name, sink, owner
 
-    def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int) -> None:
+    def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int,
+                   kv_figures: str = "exact") -> None:
         try:
-            self.sink.set_static(allocator, granularity, bytes_per_token, cache_bytes)
+            self.sink.set_static(allocator, granularity, bytes_per_token, cache_bytes, kv_figures)
         except Exception as err:  # noqa: BLE001 (fail open: see the module docstring)
             self._owner.failed(self.name, "set_static", err)
 
