@@ -116,6 +116,8 @@ async def gather(ctx: ProbeContext) -> Readings:
     kv = snapshot.proxima
     evidence["proxima_plugin"] = "loaded" if kv else "not loaded (no proxima_allocator_info)"
     evidence["allocator"] = kv.allocator if kv else "stock vLLM blocks"
+    if kv:
+        evidence["kv_figures"] = kv.kv_figures
     for key, value in sorted(snapshot.cache_config.items()):
         evidence[f"cache.{key}"] = value
     return Readings(versions, gpus, served_vllm, snapshot, evidence)
@@ -148,6 +150,11 @@ def problems(r: Readings) -> list[tuple[str, Status, str]]:
     elif kv.allocator == "token" and r.snapshot.block_size not in (None, 1):
         found.append(("block_size", Status.FAIL,
                       f"token allocator with block_size={r.snapshot.block_size}; it needs --block-size 1"))
+    if kv is not None and "exact" in kv.kv_figures.split("/") and kv.allocator != "block":
+        found.append(("exact_kv_figures", Status.WARN,
+                      "prefix-cache figures are token-exact (--proxima-exact-kv-figures): any client that "
+                      "reads /metrics or cached_tokens can recover other clients' cached prompts token by "
+                      "token"))
     return found
 
 
@@ -180,6 +187,10 @@ def advise(r: Readings, verdict: Verdict) -> tuple[str, ...]:
         "plugin_not_loaded": ("serve with `proxima serve MODEL ...` to use token slots (or ignore: stock on "
                               "purpose)",),
         "block_size": ("start through `proxima serve`, which sets --block-size 1; do not pass --block-size",),
+        "exact_kv_figures": ("serve one tenant only, or restart without --proxima-exact-kv-figures (sharing "
+                             "stays token-exact; figures come in whole blocks)",
+                             "tenants that must not see each other: --proxima-tenant-salt api-key "
+                             "(runbooks/tenant-isolation.md)"),
     })
 
 

@@ -68,6 +68,8 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
     os.environ["PROXIMA_ALLOCATOR"] = allocator
     # Every figure below is per scheduler step: publish the KV telemetry on every step.
     os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = "0"
+    # One client, measuring the allocator: token-exact hit figures (cache_hit_tokens below).
+    os.environ["PROXIMA_KV_FIGURES"] = "exact"
     import numpy as np
     from vllm import LLM, SamplingParams, TokensPrompt
 

@@ -104,9 +104,8 @@ def test_block_figures_track_the_exact_ones_to_within_blocks():
         mgr = manager(num_slots=8192, exact_figures=exact)
         running = []
         for i in range(40):
-            req = StandInRequest(f"r{i}", system + [rng.randrange(3, 300) for _ in range(rng.randrange(5, 60))],
-                                 num_prompt_tokens=0)
-            req.num_prompt_tokens = req.num_tokens
+            question = [rng.randrange(3, 300) for _ in range(rng.randrange(5, 60))]
+            req = StandInRequest(f"r{i}", system + question, num_prompt_tokens=len(system + question))
             admit(mgr, req)
             running.append(req)
         for req in running[:20]:

@@ -109,6 +109,10 @@ def kv_lines(view: ServerView, width: int) -> list[Text]:
         return [Text("Proxima metrics present, but the engine has not reported its first step yet "
                      "(send a request).", style=DIM)]
     lines = occupancy_map(kv.occupancy, width) if kv.occupancy else []
+    if not kv.exact_figures:
+        lines.append(Text(f"prefix-cache figures in whole {catalog.REFERENCE_BLOCK_SIZE}-token blocks, as "
+                          "a block cache discloses them: no slot map or free run (a single-tenant server "
+                          "shows them with --proxima-exact-kv-figures)", style=DIM))
     used, cached = kv.slot_usage, kv.slots_cached / kv.slots_total
     free = max(0.0, kv.slots_free - kv.slots_cached) / kv.slots_total  # cached slots are free too
     legend = f" in use {fmt.pct(used)} · cached {fmt.pct(cached)} · free {fmt.pct(free)}"
@@ -122,8 +126,9 @@ def kv_lines(view: ServerView, width: int) -> list[Text]:
              f"{catalog.REFERENCE_BLOCK_SIZE}-token blocks would use {fmt.pct(kv.block_usage)}"),
         _row("fragment.", f"{fmt.pct(kv.fragmentation)} of used slots idle · "
              f"{catalog.REFERENCE_BLOCK_SIZE}-token blocks would idle {fmt.pct(kv.block_fragmentation)}"),
-        _row("free run", f"largest {fmt.count(kv.largest_free_run)} contiguous slots "
-             f"({fmt.pct(kv.largest_free_run / kv.slots_total)} of capacity)"),
+        *([_row("free run", f"largest {fmt.count(kv.largest_free_run)} contiguous slots "
+                f"({fmt.pct(kv.largest_free_run / kv.slots_total)} of capacity)")]
+          if kv.exact_figures else []),
         _row("headroom", *_headroom(view)),
         _row("allocator", *_allocator_latency(kv)),
     ]
@@ -181,6 +186,8 @@ def _prefix_summary(view: ServerView, kv) -> str:
     share = kv.beyond_blocks_share
     if share is not None:
         parts.append(f"{fmt.pct(share)} of hits beyond {catalog.REFERENCE_BLOCK_SIZE}-token blocks")
+    elif not kv.exact_figures:
+        parts.append(f"hits counted in whole {catalog.REFERENCE_BLOCK_SIZE}-token blocks")
     parts.append(f"{fmt.count(kv.prefix_evicted_tokens_total)} evicted")
     return " · ".join(parts)
 

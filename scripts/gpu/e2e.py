@@ -110,6 +110,7 @@ def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if proxima:
         os.environ["PROXIMA_ALLOCATOR"] = "token" if proxima is True else proxima
+        os.environ["PROXIMA_KV_FIGURES"] = "exact"  # one client: the allocator's own hit counts
     from vllm import LLM, SamplingParams
 
     timer = HostTimer()
