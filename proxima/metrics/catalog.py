@@ -94,6 +94,10 @@ KV_DANGER_USAGE = 0.95
 # Usage at which `proxima top` turns the KV cache yellow: warn early, before anything queues.
 KV_WARN_USAGE = 0.85
 
+# Figures that count single slots of what other requests cached: a client who reads them could
+# recover a cached prompt token by token, so only a single-tenant server publishes them.
+_EXACT_ONLY = "Published only with --proxima-exact-kv-figures (docs/security.md)."
+
 _LATENCY_BUCKETS = (
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1,
 )
@@ -130,7 +134,8 @@ SLOTS_CACHED = MetricSpec(
     "proxima_kv_slots_cached",
     Kind.GAUGE,
     "Free token slots that still hold reusable prefix-cache entries (evicted on demand, least "
-    "recently used first).",
+    f"recently used first); counted in whole {REFERENCE_BLOCK_SIZE}-token blocks unless "
+    "--proxima-exact-kv-figures.",
     unit="slots",
     figure="slots_cached", stat="slots_cached",
 )
@@ -178,7 +183,7 @@ OCCUPANCY_MAP = MetricSpec(
     "proxima_kv_occupancy_ratio",
     Kind.GAUGE,
     f"Fraction of slots in use in each of {OCCUPANCY_SEGMENTS} equal segments of the KV cache "
-    "(a downsampled occupancy map).",
+    f"(a downsampled occupancy map). {_EXACT_ONLY}",
     labels=("engine", "segment"),
     figure="occupancy", stat="occupancy", read=Read.SEGMENTS, combine=Combine.WEIGHTED,
     of=("slots_total",),
@@ -186,7 +191,7 @@ OCCUPANCY_MAP = MetricSpec(
 LARGEST_FREE_RUN = MetricSpec(
     "proxima_kv_largest_free_run_slots",
     Kind.GAUGE,
-    "Longest run of contiguous free slots.",
+    f"Longest run of contiguous free slots. {_EXACT_ONLY}",
     unit="slots",
     multiprocess_mode="max",
     figure="largest_free_run", stat="largest_free_run", combine=Combine.MAX,
@@ -229,7 +234,8 @@ PREFIX_HIT_TOKENS = MetricSpec(
     "proxima_prefix_cache_hit_tokens",
     Kind.COUNTER,
     "Prompt tokens admitted from Proxima's token-exact prefix cache instead of computed "
-    "(vllm:prefix_cache_hits_total counts every lookup, including admissions retried later).",
+    "(vllm:prefix_cache_hits_total counts every lookup, including admissions retried later); "
+    f"each hit counted in whole {REFERENCE_BLOCK_SIZE}-token blocks unless --proxima-exact-kv-figures.",
     unit="tokens",
     figure="prefix_hit_tokens_total", stat="prefix.hit_tokens",
 )
@@ -237,7 +243,7 @@ PREFIX_HIT_BEYOND_BLOCKS = MetricSpec(
     "proxima_prefix_cache_hit_tokens_beyond_blocks",
     Kind.COUNTER,
     f"Of those, tokens a prefix cache of {REFERENCE_BLOCK_SIZE}-token blocks would have missed "
-    "(the partial block at the end of each hit).",
+    f"(the partial block at the end of each hit). {_EXACT_ONLY}",
     unit="tokens",
     figure="prefix_hit_tokens_beyond_blocks_total", stat="prefix.hit_tokens_beyond_blocks",
 )
