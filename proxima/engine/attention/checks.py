@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from proxima.engine.attention.per_token_head import PTHCache
 from proxima.engine.attention.quant import KVScales, is_fp8
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -36,8 +37,16 @@ def check_unit_stride(who: str, named: tuple[tuple[str, Tensor], ...]) -> None:
             raise ValueError(f"{who}: {name} must have unit stride along D, got strides {t.stride()}")
 
 
-def check_kv_scales(who: str, k_cache: Tensor, v_cache: Tensor, scales: KVScales | None) -> None:
-    """An fp8 cache has scales of 1 or Hkv float32 elements on its device; any other cache none."""
+def check_kv_scales(who: str, k_cache: Tensor, v_cache: Tensor, scales: KVScales | PTHCache | None) -> None:
+    """An fp8 cache has scales of 1 or Hkv float32 elements on its device; a per-token-head cache
+    comes as its views (codes and a scale per slot and head); any other cache has none."""
+    if isinstance(scales, PTHCache):
+        if k_cache.dtype != scales.fmt.code_dtype or v_cache.dtype != scales.fmt.code_dtype:
+            raise ValueError(f"{who}: {scales.fmt.name} codes must be {scales.fmt.code_dtype}, got "
+                             f"{k_cache.dtype} and {v_cache.dtype}")
+        if scales.k_scales.shape != k_cache.shape[:2] or scales.k_scales.dtype != torch.float32:
+            raise ValueError(f"{who}: {scales.fmt.name} scales must be float32 [slots, Hkv]")
+        return
     fp8 = is_fp8(k_cache.dtype)
     if fp8 != (scales is not None):
         raise ValueError(
@@ -104,7 +113,7 @@ def check_attention_args(
     seq_lens: Tensor,
     output: Tensor,
     num_actual_tokens: int | None,
-    scales: KVScales | None = None,
+    scales: KVScales | PTHCache | None = None,
 ) -> None:
     """Shape/dtype contract of slot attention (no value checks: those would sync a GPU)."""
     if query.dim() != 3:
@@ -127,6 +136,7 @@ def check_attention_args(
         )
     check_kv_scales("slot attention", k_cache, v_cache, scales)
     stored = query.dtype if scales is None else k_cache.dtype
+    pth = scales if isinstance(scales, PTHCache) else None
     if not k_cache.dtype == v_cache.dtype == stored:
         raise ValueError(
             f"slot attention: k_cache/v_cache dtypes ({k_cache.dtype}, {v_cache.dtype}) must equal "
@@ -134,9 +144,10 @@ def check_attention_args(
         )
     num_query_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads = k_cache.shape[1]
-    if k_cache.shape[2] != head_size:
+    if k_cache.shape[2] != (head_size if pth is None else pth.fmt.code_bytes(head_size)):
         raise ValueError(
-            f"slot attention: cache head size {k_cache.shape[2]} != query head size {head_size}"
+            f"slot attention: cache rows of {k_cache.shape[2]} elements do not hold query head size "
+            f"{head_size}" + (f" as {pth.fmt.name}" if pth is not None else "")
         )
     if num_kv_heads == 0 or num_query_heads % num_kv_heads:
         raise ValueError(f"slot attention: Hq={num_query_heads} is not a multiple of Hkv={num_kv_heads}")

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from proxima.engine.attention.per_token_head import PTHCache, rht_matrices
 from proxima.engine.attention.quant import KVScales
 
 
@@ -23,20 +24,39 @@ def _probe():
     pass
 
 
-def scale_args(scales: KVScales | None, k_cache: Tensor) -> tuple[Tensor, Tensor, tuple[bool, int, float]]:
+def scale_args(
+    scales: KVScales | PTHCache | None, k_cache: Tensor,
+) -> tuple[Tensor, Tensor, tuple[bool, int, float]]:
     """Scale pointers and the (QUANT, SCALE_STRIDE, FP8_MAX) constexprs of a launch.
 
     Without scales the cache itself stands in for both pointers (never read: QUANT compiles the
     loads away). A scale of one element is read at stride 0 by every KV head, per-head scales at 1.
+    A per-token-head cache's scale views are read per slot (``code_args``), QUANT stays off.
     """
     if scales is None:
         return k_cache, k_cache, (False, 0, 0.0)
+    if isinstance(scales, PTHCache):
+        return scales.k_scales, scales.v_scales, (False, 0, 0.0)
     per_head = scales.k.numel() > 1
     if per_head != (scales.v.numel() > 1):
         raise ValueError("slot attention: k_scale and v_scale must both be per tensor or both per head")
     if per_head and (scales.k.stride(-1) != 1 or scales.v.stride(-1) != 1):
         raise ValueError("slot attention: per-head scales must be contiguous")
     return scales.k, scales.v, (True, int(per_head), float(torch.finfo(k_cache.dtype).max))
+
+
+def code_args(
+    scales: KVScales | PTHCache | None, query: Tensor,
+) -> tuple[int, tuple[int, int], tuple[Tensor, Tensor]]:
+    """KV_CODES (0: values, 1: int8/fp8 codes with per-(slot, head) scales, 2: int4), the scale
+    views' (slot, head) strides, and int4's rotation matrix and signs (``query`` stands in for
+    them otherwise: never read)."""
+    if not isinstance(scales, PTHCache):
+        return 0, (0, 0), (query, query)
+    strides = scales.k_scales.stride()
+    if scales.fmt.packed:
+        return 2, strides, rht_matrices(scales.head_size, query.device)
+    return 1, strides, (query, query)
 
 
 def split_workspace(

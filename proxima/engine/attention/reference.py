@@ -31,7 +31,11 @@ shapes and dtypes):
 - math is float32 inside whatever the storage dtype; output is written in the query dtype;
 - an fp8 cache (``quant.py``) comes with its layer's ``KVScales``: ``write_kv`` quantises the
   rows it writes, attention reads ``float(stored) * scale`` with the scales folded into the
-  (small) queries and outputs rather than into every gathered K/V element.
+  (small) queries and outputs rather than into every gathered K/V element;
+- a per-token-head cache (``per_token_head.py``) comes as its ``PTHCache`` views in
+  ``kv_scales``, with ``k_cache``/``v_cache`` its code views: each gather reads whole slot
+  records and dequantises them; int4 attends in vLLM's rotated space (queries rotated, the
+  scale divided by D, the output rotated back).
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from proxima.engine.attention import per_token_head
 from proxima.engine.attention.checks import check_attention_args, check_write_kv_args
+from proxima.engine.attention.per_token_head import PTHCache
 from proxima.engine.attention.quant import KVScales, Rounding, head_scales, is_fp8, quantize_fp8
 
 # Upper bound on float32 elements of one gathered K (or V) block / score matrix. Decode batches
@@ -90,8 +96,11 @@ def _split_rows(rows: Tensor, v_offset: int, like: Tensor) -> tuple[Tensor, Tens
     return rows.as_strided(shape, stride, base), rows.as_strided(shape, stride, base + v_offset)
 
 
-def _gather_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+def _gather_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor,
+               pth: PTHCache | None = None) -> tuple[Tensor, Tensor]:
     """K and V of ``slots`` (1-D, all valid) as ``[N, Hkv, D]`` float32 tensors (views allowed)."""
+    if pth is not None:
+        return per_token_head.gather(pth, slots)
     packed = kv_rows(k_cache, v_cache)
     if packed is None:
         keys, values = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
@@ -163,14 +172,14 @@ def slot_attention_torch(
     *,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
-    kv_scales: KVScales | None = None,
+    kv_scales: KVScales | PTHCache | None = None,
 ) -> Tensor:
     """Causal attention of each request's new queries over its slots; writes ``output`` in place.
 
     See the module docstring for the contract. Returns ``output``. ``max_query_len`` and
     ``max_seq_len`` are tiling hints for the Triton launcher, accepted here so the two share one
     signature; this path reads the metadata on the host and ignores them. ``kv_scales``: the
-    layer's scales, given exactly when the cache is fp8.
+    layer's scales, given exactly when the cache is fp8 (or its views, when per token head).
     """
     del max_query_len, max_seq_len
     check_attention_args(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output,
@@ -191,16 +200,25 @@ def slot_attention_torch(
     active = (q_lens > 0) & (starts[:-1] < row_limit)
     decode_reqs = np.flatnonzero(active & (q_lens == 1))
     prefill_reqs = np.flatnonzero(active & (q_lens > 1))
-    fold = None if kv_scales is None else _fold_scales(kv_scales, query.shape[1], k_cache.shape[1])
+    pth = kv_scales if isinstance(kv_scales, PTHCache) else None
+    fold = None if kv_scales is None or pth is not None else _fold_scales(kv_scales, query.shape[1],
+                                                                            k_cache.shape[1])
+    target = output
+    if pth is not None and pth.fmt.packed:  # vLLM's int4: attention in the rotated space
+        query = per_token_head.rotate(query)
+        scale = scale / query.shape[-1]
+        target = torch.empty(output.shape, dtype=torch.float32, device=output.device)
 
     if decode_reqs.size > 0:
         _attend_decodes(query, k_cache, v_cache, slot_table, starts[decode_reqs], decode_reqs,
-                        ctx_lens[decode_reqs], scale, output, fold)
+                        ctx_lens[decode_reqs], scale, target, fold, pth)
     for req in prefill_reqs.tolist():
         start = int(starts[req])
         _attend_one_request(query, k_cache, v_cache, slot_table[req], start, int(q_lens[req]),
-                            int(ctx_lens[req]), min(int(starts[req + 1]), row_limit) - start, scale, output,
-                            fold)
+                            int(ctx_lens[req]), min(int(starts[req + 1]), row_limit) - start, scale, target,
+                            fold, pth)
+    if target is not output and row_limit > 0:
+        output[:row_limit].copy_(per_token_head.unrotate(target[:row_limit]))
     return output
 
 
@@ -272,13 +290,14 @@ def _attend_decodes(
     scale: float,
     output: Tensor,
     fold: tuple[Tensor, Tensor] | None = None,
+    pth: PTHCache | None = None,
 ) -> None:
     """All single-query requests at once, in chunks under the gather budget.
 
     Each chunk is padded to its longest context: K/V ``[n, Hkv, L, D]`` under a length mask,
     one ``scaled_dot_product_attention`` call with the query as ``[n, Hq, 1, D]``.
     """
-    per_request_token = k_cache.shape[1] * k_cache.shape[2]  # elements of one K (or V) per position
+    per_request_token = k_cache.shape[1] * query.shape[2]  # elements of one K (or V) per position
     budget = min(_GATHER_BUDGET_ELEMENTS, _DECODE_CHUNK_ELEMENTS)
 
     def chunk_size(max_len: int) -> int:
@@ -287,7 +306,7 @@ def _attend_decodes(
     num_decodes = ctx_lens.shape[0]
     if chunk_size(int(ctx_lens.max())) >= num_decodes:  # the common case: one chunk, no sort
         _attend_decode_chunk(query, k_cache, v_cache, slot_table, token_rows, req_ids, ctx_lens,
-                             scale, output, fold)
+                             scale, output, fold, pth)
         return
     # Longest first, so each chunk pads only to its own longest context.
     order = np.argsort(-ctx_lens, kind="stable")
@@ -296,7 +315,7 @@ def _attend_decodes(
         end = min(num_decodes, begin + chunk_size(int(ctx_lens[order[begin]])))
         picked = np.sort(order[begin:end])  # back to increasing rows, as _select expects
         _attend_decode_chunk(query, k_cache, v_cache, slot_table, token_rows[picked], req_ids[picked],
-                             ctx_lens[picked], scale, output, fold)
+                             ctx_lens[picked], scale, output, fold, pth)
         begin = end
 
 
@@ -311,10 +330,11 @@ def _attend_decode_chunk(
     scale: float,
     output: Tensor,
     fold: tuple[Tensor, Tensor] | None = None,
+    pth: PTHCache | None = None,
 ) -> None:
     """Decodes whose rows and requests are strictly increasing, padded to their longest context."""
     device = query.device
-    num_kv_heads, head_size = k_cache.shape[1], k_cache.shape[2]
+    num_kv_heads, head_size = k_cache.shape[1], query.shape[2]
     num_query_heads = query.shape[1]
     num, max_len = ctx_lens.shape[0], int(ctx_lens.max())
     slots = _select(slot_table, req_ids)[:, :max_len]
@@ -325,7 +345,7 @@ def _attend_decode_chunk(
         # Entries past a request's length are garbage: point them at slot 0 rather than read them.
         slots = torch.where(visible, slots, 0)
         mask = visible[:, None, None, :]  # [n, 1, 1, L]: every head, the one query
-    keys, values = _gather_kv(k_cache, v_cache, slots.reshape(-1))
+    keys, values = _gather_kv(k_cache, v_cache, slots.reshape(-1), pth)
     keys = keys.view(num, max_len, num_kv_heads, head_size).transpose(1, 2)  # [n, Hkv, L, D]
     values = values.view(num, max_len, num_kv_heads, head_size).transpose(1, 2)
     q = _select(query, token_rows).float().unsqueeze(2)  # [n, Hq, 1, D]
@@ -350,12 +370,13 @@ def _attend_one_request(
     scale: float,
     output: Tensor,
     fold: tuple[Tensor, Tensor] | None = None,
+    pth: PTHCache | None = None,
 ) -> None:
     """One prefill / chunked-prefill request; queries cut into pieces under the gather budget."""
     device = query.device
     num_query_heads, num_kv_heads = query.shape[1], k_cache.shape[1]
     context = seq_len - q_len  # tokens cached before this step's queries
-    keys, values = _gather_kv(k_cache, v_cache, slot_row[:seq_len])
+    keys, values = _gather_kv(k_cache, v_cache, slot_row[:seq_len], pth)
     # 4-D [1, H, L, D]: the fused (flash) CPU kernel takes only 4-D inputs; 3-D falls back to
     # the math kernel, which materializes the score matrix.
     keys, values = keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0)

@@ -67,7 +67,9 @@ from proxima.engine.attention.checks import check_attention_args, check_unit_str
 from proxima.engine.attention.kernel_launch import CompiledLaunch, tensor_key
 from proxima.engine.attention.launch_args import (
     check_backend,
+    code_args,
     dot_dtype,
+    interpreting,
     scale_args,
     split_workspace,
 )
@@ -106,18 +108,42 @@ def _attend_kv_tiles(
     stride_k_s, stride_v_s, tile_start, tile_end,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ks_head_ptr=None, vs_head_ptr=None, stride_ks_s=0, q_sum=None, KV_CODES: tl.constexpr = 0,
 ):
-    """Online softmax of q ([BLOCK_M, D]) over KV tiles [tile_start, tile_end); base-2 logits."""
+    """Online softmax of q ([BLOCK_M, D]) over KV tiles [tile_start, tile_end); base-2 logits.
+
+    ``KV_CODES`` 1 or 2 (per-token-head caches, ``per_token_head.py``): K/V are codes with a
+    float32 scale per (slot, head) at ``ks_head_ptr`` / ``vs_head_ptr``. The scales are applied
+    to the scores' columns and to P's columns, never to a tile; int4 (2) reads each byte twice,
+    low nibble for positions [0, D/2) and high nibble for [D/2, D) (the queries come in that
+    order), and subtracts the zero points the same way: q . (k - zk) = q . k - zk * sum(q),
+    P (v - zv) = P v - (P zv)."""
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     d_ok = offs_d < HEAD_SIZE
+    if KV_CODES == 2:
+        byte = offs_d % (HEAD_SIZE // 2)
+        shift = (offs_d // (HEAD_SIZE // 2)) * 4
+    else:
+        byte = offs_d
     for tile in range(tile_start, tile_end):
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < seq_len
         # Table entries at or past seq_len are garbage: masked, never dereferenced.
         slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
-        k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + offs_d[:, None],
+        k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + byte[:, None],
                     mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, BLOCK_N]
-        s = tl.dot(q, k.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
+        if KV_CODES == 2:
+            k = (k >> shift[:, None]) & 0xF
+        s = tl.dot(q, k.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        if KV_CODES == 0:
+            s = s * qk_scale
+        else:
+            k_scale = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0)
+            if KV_CODES == 2:  # the zero point rides in the scale's 4 low mantissa bits
+                bits = k_scale.to(tl.int32, bitcast=True)
+                s = s - q_sum[:, None] * (bits & 0xF).to(tl.float32)[None, :]
+                k_scale = (bits & -16).to(tl.float32, bitcast=True)
+            s = s * (k_scale * qk_scale)[None, :]
         visible = n_ok[None, :] & (offs_n[None, :] <= q_abs_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -126,28 +152,74 @@ def _attend_kv_tiles(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_d[None, :],
+        v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + byte[None, :],
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
+        if KV_CODES != 0:  # l_i took P unscaled above: P's columns carry V's scales from here on
+            v_scale = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0)
+            if KV_CODES == 2:
+                v = (v >> shift[None, :]) & 0xF
+                bits = v_scale.to(tl.int32, bitcast=True)
+                v_scale = (bits & -16).to(tl.float32, bitcast=True)
+            p = p * v_scale[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        if KV_CODES == 2:
+            acc -= tl.sum(p * (bits & 0xF).to(tl.float32)[None, :], 1)[:, None]
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
+def _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, Q_DTYPE: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """vLLM's int4 query rotation (signs, then the Walsh-Hadamard transform), rounded to the
+    model dtype as vLLM rounds it, in the nibble order of ``_attend_kv_tiles``; and the rows' sums.
+
+    ``rht_ptr`` holds Hp [D, D] (row-major): Hp[i, j] = H[perm(i), j], perm(i) the natural position
+    of permuted position i. So rotated-and-permuted q = (q * signs) @ Hp^T."""
+    offs = tl.arange(0, HEAD_SIZE_PAD)
+    signs = tl.load(signs_ptr + offs)
+    hp_t = tl.load(rht_ptr + offs[:, None] + offs[None, :] * HEAD_SIZE_PAD)
+    rotated = tl.dot((q.to(tl.float32) * signs[None, :]).to(DOT_DTYPE), hp_t.to(DOT_DTYPE),
+                     input_precision=DOT_PRECISION)
+    rotated = rotated.to(Q_DTYPE).to(DOT_DTYPE)
+    return rotated, tl.sum(rotated.to(tl.float32), 1)
+
+
+@triton.jit
+def _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, ROT_DTYPE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """The inverse of ``_rotate_queries`` on an accumulator (linear: partials and unnormalised
+    sums alike): vLLM's ``single_rht(x, inverse=True) / D``, back in natural order. float32 in
+    two bf16 halves (hi + lo) on the GPU: ~16 mantissa bits, in bf16's range."""
+    offs = tl.arange(0, HEAD_SIZE_PAD)
+    hp = tl.load(rht_ptr + offs[:, None] * HEAD_SIZE_PAD + offs[None, :]).to(ROT_DTYPE)
+    hi = acc.to(ROT_DTYPE)
+    out = tl.dot(hi, hp, input_precision=DOT_PRECISION)
+    if ROT_DTYPE != tl.float32:
+        out += tl.dot((acc - hi.to(tl.float32)).to(ROT_DTYPE), hp, input_precision=DOT_PRECISION)
+    signs = tl.load(signs_ptr + offs)
+    return out * (signs / HEAD_SIZE_PAD)[None, :]
+
+
+@triton.jit
 def _attend_query_tile(
     q_ptr, k_ptr, v_ptr, out_ptr, slot_row_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr, v_scale_ptr,
+    rht_ptr, signs_ptr,
     k_desc, v_desc, qk_scale, num_actual_tokens, num_splits, q_start, q_len, seq_len, local_tile, kv_head,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_k_s, stride_k_h, stride_v_s, stride_v_h,
-    stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
+    stride_ks_s, stride_ks_h, stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, DENSE_KV: tl.constexpr,
+    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr,
 ):
     """Query tile ``local_tile`` (``BLOCK_Q`` tokens x the GQA group) of one request, one KV head.
 
     ``DENSE_KV``: when the slots this program reads are one ascending run (checked here, on the
-    GPU), K/V tiles come through the tensor descriptors instead of the per-token gather."""
+    GPU), K/V tiles come through the tensor descriptors instead of the per-token gather.
+    ``KV_CODES`` 2 (int4): queries are rotated on load and the accumulator rotated back before
+    it is stored, so partials, the merge and the output are in the natural space."""
     context = seq_len - q_len
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
@@ -160,6 +232,10 @@ def _attend_query_tile(
     q = tl.load(q_ptr + token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
     q_abs_pos = context + q_idx
+    q_sum = None
+    if KV_CODES == 2:
+        q, q_sum = _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD, q_ptr.dtype.element_ty, DOT_DTYPE,
+                                   DOT_PRECISION)
 
     acc = tl.zeros([BLOCK_M, HEAD_SIZE_PAD], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -211,7 +287,11 @@ def _attend_query_tile(
             k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, slot_row_ptr, seq_len, q_abs_pos,
             qk_scale, stride_k_s, stride_v_s, tile_start, tile_end,
             HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+            k_scale_ptr + kv_head * stride_ks_h, v_scale_ptr + kv_head * stride_ks_h, stride_ks_s, q_sum,
+            KV_CODES,
         )
+    if KV_CODES == 2:
+        acc = _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION)
     if QUANT:  # P (v_scale * V) == v_scale * (P V); partials too, so the merge stays as is
         acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
     if SPLIT:
@@ -232,16 +312,17 @@ def _attend_query_tile(
 @triton.jit(do_not_specialize=UNSPECIALIZED)
 def _slot_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr, v_scale_ptr, k_desc, v_desc,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr, v_scale_ptr, rht_ptr, signs_ptr, k_desc, v_desc,
     qk_scale, num_requests, num_actual_tokens, num_splits,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-    stride_k_s, stride_k_h, stride_v_s, stride_v_h, stride_table_r,
+    stride_k_s, stride_k_h, stride_v_s, stride_v_h, stride_table_r, stride_ks_s, stride_ks_h,
     stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SHORT_BLOCK_M: tl.constexpr, SHORT_BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, SHORT_DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr, DENSE_KV: tl.constexpr,
+    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr,
 ):
     """Unified (``SPLIT`` False: writes ``out``) or one KV segment (``SPLIT``: writes partials).
 
@@ -262,21 +343,23 @@ def _slot_attention_kernel(
     if SHORT_BLOCK_M > 0 and q_len <= SHORT_BLOCK_M // GROUP:
         _attend_query_tile(
             q_ptr, k_ptr, v_ptr, out_ptr, slot_row_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr,
-            v_scale_ptr, k_desc, v_desc, qk_scale, num_actual_tokens, num_splits, q_start, q_len, seq_len, 0,
-            kv_head,
+            v_scale_ptr, rht_ptr, signs_ptr, k_desc, v_desc, qk_scale, num_actual_tokens, num_splits, q_start,
+            q_len, seq_len, 0, kv_head,
             stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_k_s, stride_k_h, stride_v_s, stride_v_h,
-            stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
+            stride_ks_s, stride_ks_h, stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
             HEAD_SIZE, HEAD_SIZE_PAD, GROUP, max(SHORT_BLOCK_M // GROUP, 1), max(SHORT_BLOCK_M, 16),
             max(SHORT_BLOCK_N, 16), SHORT_DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, False,
+            KV_CODES, ROT_DTYPE,
         )
     else:
         _attend_query_tile(
             q_ptr, k_ptr, v_ptr, out_ptr, slot_row_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr,
-            v_scale_ptr, k_desc, v_desc, qk_scale, num_actual_tokens, num_splits, q_start, q_len, seq_len,
-            local_tile, kv_head, stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_k_s, stride_k_h,
-            stride_v_s, stride_v_h, stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
+            v_scale_ptr, rht_ptr, signs_ptr, k_desc, v_desc, qk_scale, num_actual_tokens, num_splits, q_start,
+            q_len, seq_len, local_tile, kv_head, stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_k_s,
+            stride_k_h, stride_v_s, stride_v_h, stride_ks_s, stride_ks_h, stride_acc_t, stride_acc_h,
+            stride_acc_s, stride_ml_t, stride_ml_h,
             HEAD_SIZE, HEAD_SIZE_PAD, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N,
-            DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, DENSE_KV,
+            DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, DENSE_KV, KV_CODES, ROT_DTYPE,
         )
 
 
@@ -360,17 +443,20 @@ def _launch_plan(
                                               query.device)
         ws_strides = (*acc_ws.stride()[:3], *m_ws.stride()[:2])
     k_scale, v_scale, quant = scale_args(kv_scales, k_cache)
-    dense_kv = tiles.dense_kv and dense_kv_ok(query, k_cache, v_cache, head_size)
+    codes, scale_strides, (rht, signs) = code_args(kv_scales, query)
+    dense_kv = tiles.dense_kv and not codes and dense_kv_ok(query, k_cache, v_cache, head_size)
     # Without dense reads the caches stand in for the descriptors (never read: compiled away).
     descriptors = (kv_descriptors(k_cache, v_cache, tiles.block_n, head_size) if dense_kv
                    else (k_cache, v_cache))
     # Launch arguments in the kernel's parameter order, constexprs last (see kernel_launch.py).
     tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws,
-               k_scale, v_scale)
+               k_scale, v_scale, rht, signs)
+    if codes == 2:  # int4 attends in vLLM's rotated space, whose dot products are D times larger
+        scale = scale / head_size
     runtime = (float(scale) * _LOG2_E, num_requests, row_limit, num_splits)  # not specialized on
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1),
                k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-               slot_table.stride(0))
+               slot_table.stride(0), *scale_strides)
     constexprs = (head_size, padded, group, block_q, tiles.block_m, tiles.block_n,
                   tiles.short_block_m, tiles.short_block_n,
                   # The long tiles of a mixed plan keep the storage dtype: fp16 dots over fp8 there
@@ -380,7 +466,8 @@ def _launch_plan(
                   # fp32 storage would otherwise be multiplied in TF32 (10-bit mantissa); 3xTF32
                   # kept fp32-level error (3e-7 vs 3e-7 for "ieee") at 2-30x the speed on the H200.
                   "tf32x3" if query.dtype.itemsize == 4 else "tf32",
-                  num_splits > 1, *quant, dense_kv)
+                  num_splits > 1, *quant, dense_kv, codes,
+                  tl.float32 if interpreting() or query.dtype.itemsize == 4 else tl.bfloat16)
     # The m/l strides (last two) are not specialized on: they stay out of the key. The descriptors'
     # specialization (dtype, block shape) follows from the caches' and the tiles' in the key.
     plan = [(_launch_attention, (num_tiles, num_kv_heads, num_splits),

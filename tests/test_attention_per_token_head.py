@@ -1,0 +1,241 @@
+"""Per-token-head KV caches (int8, fp8, int4) on token slots: quantised bytes against vLLM's own
+writer, and both attention paths against a float64 oracle computed from the dequantised cache.
+
+vLLM's writer runs in a process of its own under the Triton interpreter
+(tests/vllm_reference_kernels.py), once for all cases of this module. The attention oracle reads
+the cache through `per_token_head.gather` and follows vLLM's int4 recipe (queries rotated and
+rounded to the model dtype, scale / D, output rotated back), in float64.
+"""
+
+from __future__ import annotations
+
+from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only machines
+    DEVICE,
+    INTERPRETER_WARNINGS,
+    Batch,
+    make_batch,
+    triton_attention_or_skip,
+)
+
+# isort: split
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from proxima.engine.attention import per_token_head as pth  # noqa: E402
+from proxima.engine.attention.reference import slot_attention_torch  # noqa: E402
+from tests.test_attention_kernels import assert_rows  # noqa: E402
+
+pytestmark = INTERPRETER_WARNINGS
+FORMATS = tuple(pth.PTH_FORMATS)
+MIXED = [(1, 21), (7, 7), (5, 19), (1, 1), (0, 6), (12, 30), (1, 9), (3, 3), (0, 0)]
+DECODES = [(1, 13), (1, 1), (1, 40), (1, 7), (1, 26)]
+CHUNKED = [(9, 25), (20, 41), (4, 4)]
+
+
+# -- bytes: Proxima's writers against vLLM's ----------------------------------------------------
+
+def _rows(num_tokens: int, heads: int, head_size: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, heads, head_size, generator=gen) * 3
+    x[0, 0] = 0.0  # a zero row: the 1e-6 scale floor
+    x[1, 0] = 2.5  # a constant row: max == min
+    x[2, -1] = torch.linspace(-900, 900, head_size)  # past fp8's range before scaling
+    x[3] = x[3] * 1e-4  # tiny values: the scale floor again, zero points at the clamp
+    return x.to(dtype)
+
+
+BYTE_CASES = [(name, dtype, head_size) for name in FORMATS
+              for dtype in (torch.bfloat16, torch.float16, torch.float32) for head_size in (64, 128, 256)]
+
+
+@pytest.fixture(scope="module")
+def vllm_written(tmp_path_factory) -> list[dict]:
+    """vLLM 0.26's per-token-head writer's output for every case of BYTE_CASES (one process)."""
+    cases = []
+    for i, (name, dtype, head_size) in enumerate(BYTE_CASES):
+        gen = torch.Generator().manual_seed(i)
+        cases.append({"key": _rows(37, 3, head_size, dtype, 2 * i),
+                      "value": _rows(37, 3, head_size, dtype, 2 * i + 1),
+                      "slots": torch.randperm(120, generator=gen)[:37], "kv_cache_dtype": name})
+    work = tmp_path_factory.mktemp("vllm-writer")
+    torch.save(cases, work / "in.pt")
+    script = Path(__file__).with_name("vllm_reference_kernels.py")
+    done = subprocess.run([sys.executable, str(script), str(work / "in.pt"), str(work / "out.pt")],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [{**case, **result} for case, result in zip(cases, torch.load(work / "out.pt"))]
+
+
+def _assert_codes_equal(name: str, ours: torch.Tensor, theirs: torch.Tensor, rows: torch.Tensor,
+                        scales: torch.Tensor) -> None:
+    ours, theirs = ours.contiguous().view(torch.uint8), theirs.contiguous().view(torch.uint8)
+    if name != "fp8_per_token_head":
+        assert torch.equal(ours, theirs)
+        return
+    # The interpreter's float32 -> fp8 cast drops the carry at a power of two and rounds ties
+    # away (7.9 -> 4.0 in e4m3; GPUs convert with cvt.rn.satfinite, to nearest even, as torch
+    # does). Where the two differ, ours must be the nearest-even code of the same quotient.
+    differ = ours != theirs
+    assert differ.float().mean() < 0.05
+    quotient = (rows.float() * (1.0 / scales)[..., None]).clamp(-pth.FP8_MAX, pth.FP8_MAX)
+    nearest = quotient.to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(ours[differ], nearest[differ])
+
+
+@pytest.mark.parametrize("case", range(len(BYTE_CASES)),
+                         ids=[f"{n}-{str(d)[6:]}-d{h}" for n, d, h in BYTE_CASES])
+def test_quantised_bytes_equal_vllms_writer(vllm_written, case):
+    c = vllm_written[case]
+    fmt = pth.PTH_FORMATS[c["kv_cache_dtype"]]
+    for side in ("key", "value"):
+        codes, scales = pth.quantize(c[side], fmt)
+        prefix = side[0]
+        assert torch.equal(scales.view(torch.int32), c[f"{prefix}_scales"].view(torch.int32))
+        rows = pth.rotate(c[side]) if fmt.packed else c[side]
+        _assert_codes_equal(fmt.name, codes, c[f"{prefix}_codes"], rows, scales)
+
+
+@pytest.mark.parametrize("case", [i for i, (_, d, h) in enumerate(BYTE_CASES)
+                                  if d == torch.bfloat16 and h == 128], ids=FORMATS)
+def test_slot_records_equal_vllms_writer_on_the_slot_views(vllm_written, case):
+    """The CUDA write path runs vLLM's writer on the slot views: it leaves the records the torch
+    writer (the CPU path) leaves, at the same slots."""
+    c = vllm_written[case]
+    fmt = pth.PTH_FORMATS[c["kv_cache_dtype"]]
+    num_slots = c["slot_records"].shape[0]
+    raw = torch.zeros(num_slots, 1, 3, fmt.record_bytes(128), dtype=torch.uint8)
+    cache = pth.cache_views(raw, fmt, 3, 128)
+    pth.write(c["key"], c["value"], cache, c["slots"])
+    if fmt.name == "fp8_per_token_head":  # the interpreter's fp8 rounding, as above
+        assert (cache.rows != c["slot_records"]).float().mean() < 0.05
+    else:
+        assert torch.equal(cache.rows, c["slot_records"])
+
+
+def test_a_written_slot_reads_back_what_vllms_dequantisation_gives():
+    fmt = pth.PTH_FORMATS["int4_per_token_head"]
+    raw = torch.zeros(10, 1, 2, fmt.record_bytes(64), dtype=torch.uint8)
+    cache = pth.cache_views(raw, fmt, 2, 64)
+    key, value = _rows(4, 2, 64, torch.float32, 1), _rows(4, 2, 64, torch.float32, 2)
+    pth.write(key, value, cache, torch.tensor([7, -1, 2, 9]))
+    k, v = pth.gather(cache, torch.tensor([7, 2, 9]))
+    for got, rows in ((k, key), (v, value)):
+        want = pth.dequantize(*pth.quantize(rows[[0, 2, 3]], fmt), fmt)
+        assert torch.equal(got, want)
+        # Rotated back, the int4 rows approximate the originals (asymmetric 4-bit, per row).
+        error = (pth.unrotate(got) - rows[[0, 2, 3]]).abs().amax(-1)
+        assert (error <= (rows[[0, 2, 3]].amax(-1) - rows[[0, 2, 3]].amin(-1)) * 0.6).all()
+    assert raw[[0, 1, 3, 4, 5, 6, 8]].eq(0).all()  # the padding row and other slots untouched
+
+
+# -- attention: both paths against float64 -------------------------------------------------------
+
+@dataclass
+class PTHBatch:
+    batch: Batch
+    cache: pth.PTHCache
+
+    def args(self, output: torch.Tensor | None = None) -> tuple:
+        b = self.batch
+        return (b.query, self.cache.k_codes, self.cache.v_codes, b.slot_table, b.query_start_loc, b.seq_lens,
+                b.scale, b.output if output is None else output)
+
+
+def pth_batch(requests, heads, head_size, name, *, seed, dtype=torch.float32, fragmented=True) -> PTHBatch:
+    b = make_batch(requests, *heads, head_size, seed=seed, dtype=dtype, fragmented=fragmented)
+    fmt = pth.PTH_FORMATS[name]
+    num_slots = b.k_cache.shape[0]
+    raw = torch.zeros(num_slots, 1, heads[1], fmt.record_bytes(head_size), dtype=torch.uint8, device=DEVICE)
+    cache = pth.cache_views(raw, fmt, heads[1], head_size)
+    pth.write(b.k_cache.contiguous(), b.v_cache.contiguous(), cache,
+              torch.arange(num_slots, dtype=torch.int64, device=DEVICE))
+    return PTHBatch(b, cache)
+
+
+def oracle(pb: PTHBatch) -> torch.Tensor:
+    """Float64 attention over the dequantised cache, vLLM's int4 recipe included."""
+    b, cache = pb.batch, pb.cache
+    num_query_heads, head_size = b.query.shape[1:]
+    group = num_query_heads // cache.num_kv_heads
+    query, scale = b.query.cpu(), b.scale
+    if cache.fmt.packed:
+        query, scale = pth.rotate(query), scale / head_size
+    out = torch.full(b.query.shape, float("nan"), dtype=torch.float64)
+    starts, seq_lens = b.query_start_loc.cpu().tolist(), b.seq_lens.cpu().tolist()
+    for r, seq_len in enumerate(seq_lens):
+        start, end = starts[r], starts[r + 1]
+        if end == start:
+            continue
+        k, v = pth.gather(cache, b.slot_table[r, :seq_len].long())
+        keys = k.cpu().double().repeat_interleave(group, dim=1)
+        values = v.cpu().double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,lhd->hql", query[start:end].double(), keys) * scale
+        positions = seq_len - (end - start) + torch.arange(end - start)
+        scores = scores.masked_fill(torch.arange(seq_len)[None, :] > positions[:, None], float("-inf"))
+        attended = torch.einsum("hql,lhd->qhd", torch.softmax(scores, dim=-1), values)
+        if cache.fmt.packed:
+            from vllm.v1.attention.ops.int4_per_token_head import single_rht
+
+            attended = single_rht(attended, inverse=True) / head_size
+        out[start:end] = attended
+    return out
+
+
+HEADS = {"gqa4:2": (4, 2), "mha": (2, 2)}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("heads", HEADS.values(), ids=HEADS.keys())
+@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("fragmented", [True, False], ids=["fragmented", "contiguous"])
+def test_torch_path_matches_float64(name, heads, head_size, fragmented):
+    pb = pth_batch(MIXED, heads, head_size, name, seed=head_size + heads[0], fragmented=fragmented)
+    out = slot_attention_torch(*pb.args(), kv_scales=pb.cache)
+    assert_rows(out, oracle(pb), pb.batch.num_queries, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("requests", [MIXED, DECODES, CHUNKED], ids=["mixed", "decodes", "chunked"])
+@pytest.mark.parametrize("heads, head_size", [((4, 2), 64), ((2, 2), 128), ((2, 1), 256)],
+                         ids=["gqa-d64", "mha-d128", "gqa-d256"])
+def test_triton_path_matches_float64(name, requests, heads, head_size):
+    ta = triton_attention_or_skip()
+    pb = pth_batch(requests, heads, head_size, name, seed=len(requests) + head_size)
+    out = ta.slot_attention_triton(*pb.args(), kv_scales=pb.cache)
+    assert_rows(out, oracle(pb), pb.batch.num_queries, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_triton_split_kv_matches_float64(name, num_splits, monkeypatch):
+    ta = triton_attention_or_skip()
+    from proxima.engine.attention import planning
+
+    choose = planning.choose_launch_shape
+
+    def forced(*args, **kwargs):
+        tiles, _ = choose(*args, **kwargs)
+        return tiles, num_splits
+
+    monkeypatch.setattr(ta, "choose_launch_shape", forced)
+    pb = pth_batch(DECODES + [(4, 40)], (4, 2), 64, name, seed=num_splits)
+    out = ta.slot_attention_triton(*pb.args(), kv_scales=pb.cache)
+    assert_rows(out, oracle(pb), pb.batch.num_queries, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_bf16_queries_follow_vllms_rounding(name):
+    """Model-dtype queries: both paths within bf16's precision of the oracle, which rounds the
+    rotated queries to bf16 as vLLM does."""
+    ta = triton_attention_or_skip()
+    pb = pth_batch(MIXED, (4, 2), 64, name, seed=11, dtype=torch.bfloat16)
+    expected = oracle(pb)
+    for run in (slot_attention_torch, ta.slot_attention_triton):
+        out = run(*pb.args(torch.full_like(pb.batch.output, float("nan"))), kv_scales=pb.cache)
+        assert_rows(out, expected, pb.batch.num_queries, atol=2e-2, rtol=2e-2)

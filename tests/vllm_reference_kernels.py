@@ -1,0 +1,98 @@
+"""vLLM 0.26's own per-token-head KV writer, run under the Triton interpreter: the reference bytes.
+
+Run as a script in its own process (`python tests/vllm_reference_kernels.py IN.pt OUT.pt`), because
+vLLM's CPU build disables Triton at import (`vllm.triton_utils` finds no GPU driver and hands its
+kernels a placeholder), while these tests need vLLM's kernels themselves. The process sets
+TRITON_INTERPRET=1 and gives `vllm.triton_utils` the real Triton before any vLLM kernel module
+is imported; nothing of vLLM's code is changed. Each case writes K/V rows into vLLM's stock
+TRITON_ATTN layout (16-token blocks, `[K codes | K scale | V codes | V scale]` per head and
+position, as `TritonAttentionImpl._pth_key_value_caches` makes it) and reads back each token's
+codes and scales.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+BLOCK = 16
+
+
+def _real_triton() -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton
+    import triton.language as tl
+    import triton.language.extra.libdevice as tldevice
+
+    shim = types.ModuleType("vllm.triton_utils")
+    shim.HAS_TRITON, shim.triton, shim.tl, shim.tldevice = True, triton, tl, tldevice
+    shim.LOG2E, shim.LOGE2 = 1.4426950408889634, 0.6931471805599453
+    sys.modules["vllm.triton_utils"] = shim
+
+
+def write_stock(key, value, slots, kv_cache_dtype: str) -> dict:
+    import torch
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (
+        triton_reshape_and_cache_flash_per_token_head_quant,
+    )
+    from vllm.v1.kv_cache_interface import KVQuantMode, get_kv_quant_mode
+
+    mode = get_kv_quant_mode(kv_cache_dtype)
+    num_tokens, num_heads, head_size = key.shape
+    codes = head_size // 2 if mode == KVQuantMode.INT4_PER_TOKEN_HEAD else head_size
+    padded = codes + 4
+    num_blocks = int(slots.max()) // BLOCK + 1
+    raw = torch.zeros(num_blocks, num_heads, BLOCK, 2 * padded, dtype=torch.uint8)
+    key_cache, value_cache = raw.transpose(1, 2).split(padded, dim=-1)
+    if mode == KVQuantMode.FP8_PER_TOKEN_HEAD:
+        key_cache = key_cache.view(torch.float8_e4m3fn)
+        value_cache = value_cache.view(torch.float8_e4m3fn)
+    elif mode == KVQuantMode.INT8_PER_TOKEN_HEAD:
+        key_cache, value_cache = key_cache.view(torch.int8), value_cache.view(torch.int8)
+    floats = torch.empty(0, dtype=torch.float32).set_(raw.untyped_storage())
+    stride = raw.stride()
+    scale_strides = (stride[0] // 4, stride[2] // 4, stride[1] // 4)  # (block, position, head)
+    k_scale = floats.as_strided((num_blocks, BLOCK, num_heads), scale_strides, codes // 4)
+    v_scale = floats.as_strided((num_blocks, BLOCK, num_heads), scale_strides, (padded + codes) // 4)
+    triton_reshape_and_cache_flash_per_token_head_quant(
+        key, value, key_cache, value_cache, k_scale, v_scale, slots, kv_quant_mode=mode)
+    assert STR_DTYPE_TO_TORCH_DTYPE[kv_cache_dtype].itemsize == 1
+    block, position = slots // BLOCK, slots % BLOCK
+    return {
+        "k_codes": key_cache[block, position, :, :codes].view(torch.uint8).clone(),
+        "v_codes": value_cache[block, position, :, :codes].view(torch.uint8).clone(),
+        "k_scales": k_scale[block, position].clone(),
+        "v_scales": v_scale[block, position].clone(),
+    }
+
+
+def write_slots(key, value, slots, kv_cache_dtype: str):
+    """vLLM's writer on Proxima's slot views, as `per_token_head.write` runs it on CUDA: the
+    slot records it leaves ([S, Hkv * record] uint8)."""
+    import torch
+
+    from proxima.engine.attention import per_token_head
+
+    fmt = per_token_head.PTH_FORMATS[kv_cache_dtype]
+    num_heads, head_size = key.shape[1], key.shape[2]
+    raw = torch.zeros(int(slots.max()) + 1, 1, num_heads, fmt.record_bytes(head_size), dtype=torch.uint8)
+    cache = per_token_head.cache_views(raw, fmt, num_heads, head_size)
+    per_token_head.vllm_write(key, value, cache, slots)
+    return cache.rows.clone()
+
+
+def main(in_path: str, out_path: str) -> None:
+    _real_triton()
+    import torch
+
+    cases = torch.load(in_path)
+    results = [{**write_stock(c["key"], c["value"], c["slots"], c["kv_cache_dtype"]),
+                "slot_records": write_slots(c["key"], c["value"], c["slots"], c["kv_cache_dtype"])}
+               for c in cases]
+    torch.save(results, out_path)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
