@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 
-# The quantised KV caches Proxima's slot kernels store (attention/quant.py: vLLM's per-tensor or
-# per-head scaled fp8). Kept here as names so that this check imports neither torch nor vLLM.
+# The quantised KV caches Proxima's slot kernels store: vLLM's per-tensor or per-head scaled fp8
+# (attention/quant.py) and its per-token-head formats (attention/per_token_head.py). Kept here as
+# names so that this check imports neither torch nor vLLM.
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+PER_TOKEN_HEAD_KV_CACHE_DTYPES = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
+SERVED_KV_CACHE_DTYPES = (*FP8_KV_CACHE_DTYPES, *PER_TOKEN_HEAD_KV_CACHE_DTYPES)
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +58,10 @@ def _kv_cache_dtype_problems(cache) -> list[str]:
     dtype = cache.cache_dtype
     if dtype in ("auto", None):
         return []
-    if dtype not in FP8_KV_CACHE_DTYPES:
+    if dtype not in SERVED_KV_CACHE_DTYPES:
         return [(
-            f"--kv-cache-dtype {dtype}: Proxima stores K/V in the model dtype or as fp8 "
-            f"({', '.join(FP8_KV_CACHE_DTYPES)}); pick one of those or drop the flag"
+            f"--kv-cache-dtype {dtype}: Proxima stores K/V in the model dtype or as "
+            f"{', '.join(SERVED_KV_CACHE_DTYPES)}; pick one of those or drop the flag"
         )]
     problems = []
     if getattr(cache, "kv_cache_dtype_skip_layers", None):
@@ -67,7 +70,7 @@ def _kv_cache_dtype_problems(cache) -> list[str]:
             "--kv-cache-dtype-skip-layers: Proxima keeps one KV dtype for every layer; drop the flag"
         )
     capability = _cuda_capability()
-    if capability is not None and capability < (8, 9):
+    if dtype.startswith("fp8") and capability is not None and capability < (8, 9):
         problems.append(
             f"--kv-cache-dtype {dtype}: Proxima's fp8 kernels need a GPU of compute capability 8.9 "
             f"or newer (this one is {capability[0]}.{capability[1]}); drop the flag"

@@ -13,6 +13,10 @@ gather through the slot table reads whole rows whatever order the slots are in.
 fp8 KV cache (``--kv-cache-dtype fp8|fp8_e4m3|fp8_e5m2``): vLLM allocates the cache as uint8 and
 this backend views it as the fp8 type; each layer's ``_k_scale`` / ``_v_scale`` (one element,
 or one per KV head) go to both implementations as tensors (``quant.py`` states the semantics).
+
+Per-token-head KV (``--kv-cache-dtype {int8,fp8,int4}_per_token_head``): each slot row holds, per
+KV head, vLLM's ``[K codes | K scale | V codes | V scale]`` record (``per_token_head.py``), so the
+cache is ``(num_slots, 1, Hkv, record)`` bytes and both implementations get the layer's views.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 
+from proxima.engine.attention import per_token_head
+from proxima.engine.attention.per_token_head import PTH_FORMATS, PTHCache, pth_format
 from proxima.engine.attention.quant import FP8_KV_DTYPES, KVScales, storage_dtype
 from proxima.engine.attention.reference import slot_attention_torch, write_kv
 
@@ -41,7 +47,7 @@ class ProximaSlotAttentionBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = False
     accept_output_buffer: bool = True
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list] = ["auto", *FP8_KV_DTYPES]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", *FP8_KV_DTYPES, *PTH_FORMATS]
 
     @staticmethod
     def get_supported_kernel_block_sizes() -> list[int]:
@@ -81,6 +87,9 @@ class ProximaSlotAttentionBackend(AttentionBackend):
     ) -> tuple[int, ...]:
         if block_size != 1:
             raise ValueError(f"Proxima's slot attention needs KV block size 1, got {block_size}")
+        fmt = pth_format(cache_dtype_str)
+        if fmt is not None:  # one byte per element: the record's bytes (codes and scales)
+            return (num_blocks, block_size, num_kv_heads, fmt.record_bytes(head_size))
         return (num_blocks, block_size, num_kv_heads, 2 * head_size)
 
     @staticmethod
@@ -159,7 +168,10 @@ class ProximaSlotAttentionImpl(AttentionImpl):
             "attention sinks": sinks is not None,
             f"attention type {attn_type}": attn_type != AttentionType.DECODER,
             f"KV cache dtype {kv_cache_dtype}": (kv_cache_dtype != "auto"
-                                                 and storage_dtype(kv_cache_dtype) is None),
+                                                 and storage_dtype(kv_cache_dtype) is None
+                                                 and pth_format(kv_cache_dtype) is None),
+            f"{kv_cache_dtype} with head size {head_size} (a power of two is needed for its rotation)":
+                kv_cache_dtype == "int4_per_token_head" and head_size & (head_size - 1) != 0,
         }
         if any(refused.values()):
             names = ", ".join(k for k, v in refused.items() if v)
@@ -170,8 +182,10 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.fp8_dtype = storage_dtype(kv_cache_dtype)  # None: K/V stored in the model dtype
+        self.pth_fmt = pth_format(kv_cache_dtype)  # None: not a per-token-head cache
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self._kv_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._pth: PTHCache | None = None
         self._scales: KVScales | None = None
         self._variants_ready = False
 
@@ -179,14 +193,22 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         # A layer's cache tensor lives as long as the engine: make its K and V views once, not
         # twice per layer per step (host time counts in steps that run outside CUDA graphs).
         if self._kv_views is None or self._kv_views[0] is not kv_cache:
+            if self.pth_fmt is not None:
+                self._pth = per_token_head.cache_views(kv_cache, self.pth_fmt, self.num_kv_heads,
+                                                       self.head_size)
+                self._kv_views = (kv_cache, self._pth.k_codes, self._pth.v_codes)
+                return self._kv_views[1], self._kv_views[2]
             # vLLM allocates an fp8 cache as uint8; reading those codes as values would be wrong.
             cache = kv_cache if self.fp8_dtype is None else kv_cache.view(self.fp8_dtype)
             rows = cache.view(kv_cache.shape[0], self.num_kv_heads, 2 * self.head_size)
             self._kv_views = (kv_cache, rows[..., : self.head_size], rows[..., self.head_size :])
         return self._kv_views[1], self._kv_views[2]
 
-    def _kv_scales(self, layer: torch.nn.Module) -> KVScales | None:
-        """The layer's own scale tensors (read in place each step: calibration may update them)."""
+    def _kv_scales(self, layer: torch.nn.Module) -> KVScales | PTHCache | None:
+        """The layer's own scale tensors (read in place each step: calibration may update them);
+        a per-token-head cache's views (after `_split`), whose scales live in the slots."""
+        if self.pth_fmt is not None:
+            return self._pth
         if self.fp8_dtype is None:
             return None
         known = self._scales
@@ -206,7 +228,9 @@ class ProximaSlotAttentionImpl(AttentionImpl):
             return
         k_cache, v_cache = self._split(kv_cache)
         scales = self._kv_scales(layer)
-        if key.is_cuda:
+        if isinstance(scales, PTHCache):
+            per_token_head.write(key, value, scales, slot_mapping)
+        elif key.is_cuda:
             from proxima.engine.attention.triton_write_kv import write_kv_triton
 
             write_kv_triton(key, value, k_cache, v_cache, slot_mapping, scales)
