@@ -86,8 +86,24 @@ class PTHCache:
         return self.rows.shape[0]
 
     @property
+    def k_words(self) -> Tensor:
+        """int4 K codes as int32 words ``[S, Hkv, D / 8]`` (records and offsets are 4-byte aligned)."""
+        return _words(self.k_codes)
+
+    @property
+    def v_words(self) -> Tensor:
+        return _words(self.v_codes)
+
+    @property
     def num_kv_heads(self) -> int:
         return self.k_codes.shape[1]
+
+
+def _words(codes: Tensor) -> Tensor:
+    words = torch.empty(0, dtype=torch.int32, device=codes.device).set_(codes.untyped_storage())
+    slot, head, _ = codes.stride()
+    return words.as_strided((codes.shape[0], codes.shape[1], codes.shape[2] // 4), (slot // 4, head // 4, 1),
+                            codes.storage_offset() // 4)
 
 
 def cache_views(kv_cache: Tensor, fmt: PTHFormat, num_kv_heads: int, head_size: int) -> PTHCache:
@@ -136,15 +152,17 @@ def unrotate(x: Tensor) -> Tensor:
 
 
 @functools.cache
-def rht_matrices(head_size: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def rht_matrices(head_size: int, device: torch.device, natural: bool = True) -> tuple[Tensor, Tensor]:
     """What the Triton kernels need to rotate in-kernel: Hp ``[D, D]`` float32 with
     ``Hp[i, j] = H[perm(i), j]`` (H vLLM's unnormalised Walsh-Hadamard matrix, perm(i) the natural
-    position of the kernels' nibble order: ``2 i`` for i < D/2, ``2 (i - D/2) + 1`` after), and
-    vLLM's sign vector. Built once per head size and device."""
+    position of the kernel's position i: i itself when ``natural``, else the byte-read order,
+    ``2 i`` for i < D/2 and ``2 (i - D/2) + 1`` after), and vLLM's sign vector. Built once per
+    head size, order and device."""
     from vllm.v1.attention.ops.int4_per_token_head import _get_hadamard_matrix, _get_rht_signs
 
     half = head_size // 2
-    order = torch.cat((torch.arange(half) * 2, torch.arange(half) * 2 + 1))
+    order = (torch.arange(head_size) if natural
+             else torch.cat((torch.arange(half) * 2, torch.arange(half) * 2 + 1)))
     hadamard = _get_hadamard_matrix(head_size, torch.float32, torch.device("cpu"))
     return (hadamard[order].contiguous().to(device),
             _get_rht_signs(head_size, 0, torch.device("cpu")).float().contiguous().to(device))

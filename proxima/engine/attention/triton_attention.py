@@ -117,12 +117,17 @@ def _attend_kv_tiles(
     to the scores' columns and to P's columns, never to a tile; int4 (2) reads each byte twice,
     low nibble for positions [0, D/2) and high nibble for [D/2, D) (the queries come in that
     order), and subtracts the zero points the same way: q . (k - zk) = q . k - zk * sum(q),
-    P (v - zv) = P v - (P zv)."""
+    P (v - zv) = P v - (P zv). ``KV_CODES`` 3 is int4 read as 32-bit words (``k_head_ptr`` and
+    ``v_head_ptr`` int32; a word holds positions 8w..8w+7, low nibble first), unpacked in registers
+    into natural order."""
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     d_ok = offs_d < HEAD_SIZE
     if KV_CODES == 2:
         byte = offs_d % (HEAD_SIZE // 2)
         shift = (offs_d // (HEAD_SIZE // 2)) * 4
+    elif KV_CODES == 3:
+        offs_w = tl.arange(0, HEAD_SIZE // 8)
+        shift = (offs_d % 8) * 4
     else:
         byte = offs_d
     for tile in range(tile_start, tile_end):
@@ -130,8 +135,13 @@ def _attend_kv_tiles(
         n_ok = offs_n < seq_len
         # Table entries at or past seq_len are garbage: masked, never dereferenced.
         slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
-        k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + byte[:, None],
-                    mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, BLOCK_N]
+        if KV_CODES == 3:
+            words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None],
+                            other=0)
+            k = tl.trans(_nibbles(words, shift))  # [D, BLOCK_N]
+        else:
+            k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + byte[:, None],
+                        mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, BLOCK_N]
         if KV_CODES == 2:
             k = (k >> shift[:, None]) & 0xF
         s = tl.dot(q, k.to(DOT_DTYPE), input_precision=DOT_PRECISION)
@@ -139,7 +149,7 @@ def _attend_kv_tiles(
             s = s * qk_scale
         else:
             k_scale = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0)
-            if KV_CODES == 2:  # the zero point rides in the scale's 4 low mantissa bits
+            if KV_CODES >= 2:  # the zero point rides in the scale's 4 low mantissa bits
                 bits = k_scale.to(tl.int32, bitcast=True)
                 s = s - q_sum[:, None] * (bits & 0xF).to(tl.float32)[None, :]
                 k_scale = (bits & -16).to(tl.float32, bitcast=True)
@@ -152,20 +162,35 @@ def _attend_kv_tiles(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + byte[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
+        if KV_CODES == 3:
+            words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None],
+                            other=0)
+            v = _nibbles(words, shift)  # [BLOCK_N, D]
+        else:
+            v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + byte[None, :],
+                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
         if KV_CODES != 0:  # l_i took P unscaled above: P's columns carry V's scales from here on
             v_scale = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0)
             if KV_CODES == 2:
                 v = (v >> shift[None, :]) & 0xF
+            if KV_CODES >= 2:
                 bits = v_scale.to(tl.int32, bitcast=True)
                 v_scale = (bits & -16).to(tl.float32, bitcast=True)
             p = p * v_scale[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        if KV_CODES == 2:
+        if KV_CODES >= 2:
             acc -= tl.sum(p * (bits & 0xF).to(tl.float32)[None, :], 1)[:, None]
         m_i = m_new
     return acc, l_i, m_i
+
+
+@triton.jit
+def _nibbles(words, shift):
+    """[N, W] int32 words -> [N, 8 W] their nibbles in order (word w's low nibble first)."""
+    x = tl.interleave(words, words)
+    x = tl.interleave(x, x)
+    x = tl.interleave(x, x)
+    return (x >> shift[None, :]) & 0xF
 
 
 @triton.jit
@@ -233,7 +258,7 @@ def _attend_query_tile(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
     q_abs_pos = context + q_idx
     q_sum = None
-    if KV_CODES == 2:
+    if KV_CODES >= 2:
         q, q_sum = _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD, q_ptr.dtype.element_ty, DOT_DTYPE,
                                    DOT_PRECISION)
 
@@ -290,7 +315,7 @@ def _attend_query_tile(
             k_scale_ptr + kv_head * stride_ks_h, v_scale_ptr + kv_head * stride_ks_h, stride_ks_s, q_sum,
             KV_CODES,
         )
-    if KV_CODES == 2:
+    if KV_CODES >= 2:
         acc = _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION)
     if QUANT:  # P (v_scale * V) == v_scale * (P V); partials too, so the merge stays as is
         acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
@@ -444,6 +469,8 @@ def _launch_plan(
         ws_strides = (*acc_ws.stride()[:3], *m_ws.stride()[:2])
     k_scale, v_scale, quant = scale_args(kv_scales, k_cache)
     codes, scale_strides, (rht, signs) = code_args(kv_scales, query)
+    if codes == 3:  # int4 read as words: the kernel takes int32 views of the same codes
+        k_cache, v_cache = kv_scales.k_words, kv_scales.v_words
     dense_kv = tiles.dense_kv and not codes and dense_kv_ok(query, k_cache, v_cache, head_size)
     # Without dense reads the caches stand in for the descriptors (never read: compiled away).
     descriptors = (kv_descriptors(k_cache, v_cache, tiles.block_n, head_size) if dense_kv
@@ -451,7 +478,7 @@ def _launch_plan(
     # Launch arguments in the kernel's parameter order, constexprs last (see kernel_launch.py).
     tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws,
                k_scale, v_scale, rht, signs)
-    if codes == 2:  # int4 attends in vLLM's rotated space, whose dot products are D times larger
+    if codes >= 2:  # int4 attends in vLLM's rotated space, whose dot products are D times larger
         scale = scale / head_size
     runtime = (float(scale) * _LOG2_E, num_requests, row_limit, num_splits)  # not specialized on
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1),
