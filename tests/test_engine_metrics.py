@@ -8,19 +8,15 @@ Prometheus samples must equal the scheduler's stats.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests import metrics_scenarios
+
 pytestmark = pytest.mark.engine
 
-RUNNER = Path(__file__).with_name("metrics_scenarios.py")
 LENS = [5, 17, 33, 64, 100]
 
 
@@ -29,13 +25,8 @@ def blocks_of(lens, b):
 
 
 @pytest.fixture(scope="module", params=["token", "block"])
-def run(request, tiny_model, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("metrics") / f"{request.param}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
-    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, request.param, str(out)],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return json.loads(out.read_text())
+def run(request, tiny_model, engine_process) -> dict:
+    return engine_process(request.param).call(metrics_scenarios.main, tiny_model, request.param, timeout=900)
 
 
 def test_slots_used_after_prefill_match_the_allocator_arithmetic(run):
@@ -131,22 +122,18 @@ def test_a_busy_engine_publishes_gauges_at_most_once_per_interval(run):
 
 # -- the prefix cache ------------------------------------------------------------------------------
 
-def _prefix_run(tiny_model, tmp_path_factory, variant: str) -> dict:
-    out = tmp_path_factory.mktemp("metrics") / f"{variant}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
-    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, variant, str(out)],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return json.loads(out.read_text())
+def _prefix_run(tiny_model, engine_process, allocator: str) -> dict:
+    return engine_process(allocator).call(metrics_scenarios.prefix_scenario, tiny_model, allocator,
+                                          timeout=900)
 
 
 @pytest.fixture(scope="module")
-def prefix_run(tiny_model, tmp_path_factory) -> dict:
-    return _prefix_run(tiny_model, tmp_path_factory, "token-prefix")
+def prefix_run(tiny_model, engine_process) -> dict:
+    return _prefix_run(tiny_model, engine_process, "token")
 
 
-def test_stock_blocks_with_their_prefix_cache_count_shared_blocks_once(tiny_model, tmp_path_factory):
-    run = _prefix_run(tiny_model, tmp_path_factory, "block-prefix")
+def test_stock_blocks_with_their_prefix_cache_count_shared_blocks_once(tiny_model, engine_process):
+    run = _prefix_run(tiny_model, engine_process, "block")
     system, tails = run["system_len"], run["tails"]
     stats = run["first_prefill"]["stats"]
     # vLLM caches the first request's full 32-token block as it is allocated; the three others
