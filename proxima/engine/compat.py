@@ -7,13 +7,9 @@ users who enable the plugin by hand).
 
 from __future__ import annotations
 
-import logging
-
 # The quantised KV caches Proxima's slot kernels store (attention/quant.py: vLLM's per-tensor or
 # per-head scaled fp8). Kept here as names so that this check imports neither torch nor vLLM.
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
-
-logger = logging.getLogger(__name__)
 
 
 def unsupported_options(vllm_config) -> list[str]:

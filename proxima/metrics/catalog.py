@@ -303,10 +303,6 @@ class Vllm:
     PROCESS_RESIDENT_MEMORY = "process_resident_memory_bytes"
 
 
-def by_name() -> dict[str, MetricSpec]:
-    return {spec.name: spec for spec in ENGINE_METRICS}
-
-
 # The engine's metrics by how they are fed. Functions, not constants: they read ENGINE_METRICS
 # when called, so an entry added to it (a test's, say) is exported and read like the others.
 
