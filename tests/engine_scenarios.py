@@ -38,12 +38,12 @@ def slot_state(engine) -> dict:
     mgr = engine.kv_manager
     if hasattr(mgr, "cache"):
         mgr.cache.assert_consistent()
-        return {"slots_used": mgr.cache.num_referenced, "requests_holding": len(mgr.table),
+        return {"slots_used": mgr.cache.num_referenced, "requests_holding_slots": len(mgr.table),
                 "slots_total": mgr.cache.num_slots, "slots_cached": mgr.cache.num_cached,
                 "hit_tokens": mgr.cache.counters.hit_tokens}
     pool, block_size = mgr.block_pool, engine.scheduler.block_size
     return {"slots_used": (pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()) * block_size,
-            "requests_holding": len(mgr.coordinator.single_type_managers[0].req_to_blocks),
+            "requests_holding_slots": len(mgr.coordinator.single_type_managers[0].req_to_blocks),
             "slots_total": (pool.num_gpu_blocks - 1) * block_size}
 
 

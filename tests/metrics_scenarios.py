@@ -30,7 +30,7 @@ def exporter_samples(scheduler) -> dict:
     reg, labels = scheduler.kv_exporter.registry, {"engine": "0"}
     out = {spec.name: reg.get_sample_value(spec.sample_name, labels) for spec in (
         c.SLOTS_TOTAL, c.SLOTS_USED, c.SLOTS_FREE, c.LIVE_TOKENS, c.TOKEN_USAGE, c.BLOCK_USAGE,
-        c.FRAGMENTATION, c.BLOCK_FRAGMENTATION, c.RUNNING_REQUESTS, c.LARGEST_FREE_RUN, c.PREEMPTIONS,
+        c.FRAGMENTATION, c.BLOCK_FRAGMENTATION, c.REQUESTS_HOLDING_SLOTS, c.LARGEST_FREE_RUN, c.PREEMPTIONS,
         c.BYTES_PER_TOKEN, c.CACHE_BYTES, c.SLOTS_CACHED, *c.PREFIX_COUNTERS)}
     out["occupancy_0"] = reg.get_sample_value(c.OCCUPANCY_MAP.name, {"engine": "0", "segment": "0"})
     for op in c.ALLOCATOR_OPS:

@@ -57,7 +57,7 @@ def test_aborted_requests_release_slots_and_others_complete_identically(runs):
     assert token["completed"] == stock["completed"]
     assert sorted(token["completed"]) == sorted(set(f"abort-{i}" for i in range(12)) - set(token["aborted"]))
     # Right after the abort only the six survivors hold slots, exactly one per token they hold.
-    assert token["after_abort"]["requests_holding"] == 6
+    assert token["after_abort"]["requests_holding_slots"] == 6
     assert 0 < token["after_abort"]["slots_used"] <= 6 * (80 * 2 + 40)
 
 
@@ -65,7 +65,7 @@ def test_aborted_requests_release_slots_and_others_complete_identically(runs):
 def test_zero_slots_in_use_after_each_scenario(runs, scenario):
     for variant in VARIANTS:
         after = runs[variant]["scenarios"][scenario]["after"]
-        assert after["slots_used"] == 0 and after["requests_holding"] == 0, (variant, after)
+        assert after["slots_used"] == 0 and after["requests_holding_slots"] == 0, (variant, after)
 
 
 def test_token_engine_has_slot_per_token_capacity(runs):

@@ -96,4 +96,4 @@ def test_fp8_token_slots_hold_4x_float32_and_metrics_say_so(runs):
     assert fp8["after"]["slots_total"] == 4 * float32["after"]["slots_total"] == 6144
     assert stock["after"]["slots_total"] <= fp8["after"]["slots_total"]
     for run in runs.values():
-        assert run["after"]["slots_used"] == 0 and run["after"]["requests_holding"] == 0
+        assert run["after"]["slots_used"] == 0 and run["after"]["requests_holding_slots"] == 0

@@ -33,7 +33,7 @@ def test_slots_used_after_prefill_match_the_allocator_arithmetic(run):
     stats = run["after_prefill"]["stats"]
     live = sum(LENS)
     assert stats["live_tokens"] == live
-    assert stats["num_requests"] == 5
+    assert stats["requests_holding_slots"] == 5
     assert stats["reference_block_slots"] == blocks_of(LENS, 16)
     if run["variant"] == "token":
         assert stats["slots_used"] == live
@@ -60,7 +60,7 @@ def test_prometheus_samples_equal_the_stats(run):
         assert prom["proxima_kv_slots_used"] == used
         assert prom["proxima_kv_slots_free"] == total - used
         assert prom["proxima_kv_live_tokens"] == live
-        assert prom["proxima_kv_requests_holding_slots"] == stats["num_requests"]
+        assert prom["proxima_kv_requests_holding_slots"] == stats["requests_holding_slots"]
         assert prom["proxima_kv_token_usage_ratio"] == pytest.approx(live / total)
         assert prom["proxima_kv_block_usage_ratio"] == pytest.approx(stats["reference_block_slots"] / total)
         expected_frag = (used - live) / used if used else 0.0
@@ -83,7 +83,7 @@ def test_fragmentation_is_zero_for_token_slots_and_block_arithmetic_for_stock(ru
 
 def test_idle_engine_reports_empty_cache(run):
     stats, prom = run["idle"]["stats"], run["idle"]["prom"]
-    assert stats["slots_used"] == 0 and stats["live_tokens"] == 0 and stats["num_requests"] == 0
+    assert stats["slots_used"] == 0 and stats["live_tokens"] == 0 and stats["requests_holding_slots"] == 0
     assert prom["proxima_kv_largest_free_run_slots"] == stats["slots_total"]
     assert prom["occupancy_0"] == 0.0
 

@@ -88,7 +88,7 @@ def test_an_engine_of_the_other_registry_is_refused_before_anything_starts(monke
 
 
 STATS = KVStats(allocator="token", granularity=1, slots_total=64, slots_used=10, slots_cached=0,
-                live_tokens=8, num_requests=2, reference_block=16, reference_block_slots=32,
+                live_tokens=8, requests_holding_slots=2, reference_block=16, reference_block_slots=32,
                 occupancy=(0.5,), largest_free_run=54)
 
 

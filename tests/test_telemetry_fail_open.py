@@ -24,7 +24,7 @@ from proxima.server_process import ManagedServer, ServerSpec
 from tests.conftest import SERVER_ARGS
 
 STATS = KVStats(allocator="token", granularity=1, slots_total=64, slots_used=10, slots_cached=0,
-                live_tokens=10, num_requests=1, reference_block=16, reference_block_slots=16,
+                live_tokens=10, requests_holding_slots=1, reference_block=16, reference_block_slots=16,
                 occupancy=(0.5,), largest_free_run=54)
 
 

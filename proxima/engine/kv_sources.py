@@ -87,7 +87,7 @@ class SlotKVSource:
         return self._mgr.prefix_caching
 
     def slots_held(self, request_id: str) -> int:
-        return self._mgr.table.num_slots(request_id)
+        return self._mgr.table.num_slots_of(request_id)
 
     def collect(self, running: Sequence) -> KVStats:
         cache = self._mgr.cache
@@ -104,7 +104,7 @@ class SlotKVSource:
             slots_used=cache.num_referenced,
             slots_cached=cache.num_cached,
             live_tokens=int(live.sum()) - cache.tree.shared_excess,
-            num_requests=len(self._mgr.table),
+            requests_holding_slots=len(self._mgr.table),
             reference_block=catalog.REFERENCE_BLOCK_SIZE,
             reference_block_slots=block_slots(live, catalog.REFERENCE_BLOCK_SIZE)
             - cache.tree.shared_excess_blocks,
@@ -161,7 +161,7 @@ class BlockPoolKVSource:
             slots_used=(num_blocks - pool.get_num_free_blocks()) * b,
             slots_cached=self._cached_slots,
             live_tokens=max(0, int(live.sum()) - shared),
-            num_requests=len(self._req_to_blocks()),
+            requests_holding_slots=len(self._req_to_blocks()),
             reference_block=catalog.REFERENCE_BLOCK_SIZE,
             reference_block_slots=max(0, block_slots(live, catalog.REFERENCE_BLOCK_SIZE) - shared),
             occupancy=self._slow.occupancy,

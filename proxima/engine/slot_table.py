@@ -32,7 +32,7 @@ class RequestSlotTable:
     def num_slots_held(self) -> int:
         return self._num_held
 
-    def num_slots(self, request_id: str) -> int:
+    def num_slots_of(self, request_id: str) -> int:
         return self._lengths.get(request_id, 0)
 
     def slots_of(self, request_id: str) -> np.ndarray:

@@ -32,7 +32,6 @@ from pathlib import Path
 from kit.calls import attention_impl
 from kit.e2e_report import summarize
 from kit.profiling import HostTimer, host_profile, kernel_profile
-
 from proxima.harness import EngineProcessError, EngineSpec, open_engine, run_isolated, vllm_flags
 from proxima.harness.tiles import ContextTiles
 from proxima.load import random_prompt
@@ -193,13 +192,13 @@ def throughput(recorder, outs, requests: int, wall: float) -> dict:
     slot efficiency."""
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     published = [s.kv for s in recorder.steps if s.kv is not None]
-    holding = [kv.num_requests for kv in published if kv.num_requests]
+    holding = [kv.requests_holding_slots for kv in published if kv.requests_holding_slots]
     return {"requests": requests, "output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall,
             "running_mean": recorder.running_mean(), "running_peak": recorder.running_peak(),
             "preemptions": recorder.preemptions, "wrapper_steps": len(recorder.steps),
             "recorded_steps": len(published),
             "requests_mean": sum(holding) / max(1, len(holding)),
-            "requests_peak": max((kv.num_requests for kv in published), default=0),
+            "requests_peak": max((kv.requests_holding_slots for kv in published), default=0),
             "slot_efficiency": recorder.slot_efficiency(),
             "slots_total": recorder.last_kv and recorder.last_kv.slots_total}
 
