@@ -100,9 +100,9 @@ def usage(board: p.Board) -> None:
             "short", min_val=0),
         p.timeseries_panel(
             "Requests holding slots vs running",
-            f"{c.RUNNING_REQUESTS.help} Held slots with no running or waiting request for minutes "
+            f"{c.REQUESTS_HOLDING_SLOTS.help} Held slots with no running or waiting request for minutes "
             "is a slot leak.",
-            [p.Target(q.sel(c.RUNNING_REQUESTS, INSTANCE), LEGEND + " holding slots"),
+            [p.Target(q.sel(c.REQUESTS_HOLDING_SLOTS, INSTANCE), LEGEND + " holding slots"),
              p.Target(q.sel(c.Vllm.RUNNING, INSTANCE, MODEL), LEGEND + " running (vLLM)"),
              p.Target(q.sel(c.Vllm.WAITING, INSTANCE, MODEL), LEGEND + " waiting (vLLM)")],
             "short", min_val=0),

@@ -51,7 +51,7 @@ def parse_checks(text: str | None) -> tuple[str, ...]:
     return tuple(name for name in CHECKS if name in asked)
 
 
-def probe_budget_s(name: str, window_s: float) -> float:
+def probe_budget_s(window_s: float) -> float:
     """The most a probe may take before it is stopped and reported as "error"."""
     return 120.0 + 8 * window_s
 
@@ -126,7 +126,7 @@ async def open_context(client: httpx.AsyncClient, url: str, options: DoctorOptio
 
 async def run_probe(name: str, ctx: ProbeContext) -> ProbeResult:
     module = importlib.import_module(f"proxima.probes.{name}")
-    budget = probe_budget_s(name, ctx.window_s)
+    budget = probe_budget_s(ctx.window_s)
     try:
         # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for returns the result, and
         # drops the cancel, when Ctrl-C lands as the probe finishes; the doctor would go on.

@@ -14,10 +14,11 @@ logger = logging.getLogger(__name__)
 
 BACKEND_PATH = "proxima.engine.attention.backend.ProximaSlotAttentionBackend"
 _registered = False
+_slot_backend = False
 
 
 def register() -> None:
-    global _registered
+    global _registered, _slot_backend
     if _registered:
         return
     _registered = True
@@ -34,3 +35,13 @@ def register() -> None:
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
     register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)
+    _slot_backend = True
+
+
+def registered_backend() -> str | None:
+    """What this process's registry holds for the rest of its life: "slots" (Proxima's backend),
+    "stock", or None before vLLM has loaded the plugin here. An engine of the other kind needs
+    another process (proxima.harness keeps to that)."""
+    if not _registered:
+        return None
+    return "slots" if _slot_backend else "stock"

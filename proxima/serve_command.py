@@ -205,17 +205,22 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def preflight(command: ServeCommand) -> list[str]:
-    """Build vLLM's config from the command line exactly as the server will; list refusals."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
+def parse_server_args(argv: list[str]):
+    """vLLM's own server parser over `--model MODEL [flags]`: the namespace the server will see
+    (also the offline engine harness's, proxima/harness/engine.py)."""
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+
+
+def preflight(command: ServeCommand) -> list[str]:
+    """Build vLLM's config from the command line exactly as the server will; list refusals."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
     from proxima.engine.compat import unsupported_options
 
-    argv = command.argv[command.argv.index("--model"):]
-    parser = make_arg_parser(FlexibleArgumentParser())
-    args = parser.parse_args(argv)
+    args = parse_server_args(command.argv[command.argv.index("--model"):])
     old = os.environ.get(ALLOCATOR_ENV)
     os.environ[ALLOCATOR_ENV] = command.env[ALLOCATOR_ENV]
     try:

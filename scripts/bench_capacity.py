@@ -8,11 +8,11 @@ Workloads (`--workload`), all greedy, every request submitted as soon as it may 
                  next turn resends the conversation so far (prompts and real answers) plus a new
                  user turn, and is submitted when the previous answer is complete; a new
                  conversation starts when one ends
-Each engine runs at the same KV budget in bytes. Every scheduler step is recorded: live tokens,
-allocated slots, running requests, the tokens scheduled (computed) and the time the step's
-scheduling took. Each engine runs in its own process (vLLM's plugin registry is per process);
-stock allocation runs under Proxima's observing scheduler (PROXIMA_ALLOCATOR=block), which
-leaves vLLM's block manager and its prefix cache untouched and only reads them. vLLM's CPU
+Each engine runs at the same KV budget in bytes, through the engine harness (proxima.harness),
+in a fresh process of its own. Every scheduler step is recorded (the harness's recorder): live
+tokens, allocated slots, running requests, the tokens scheduled (computed) and the time the
+step's scheduling took. Stock allocation runs under Proxima's observing scheduler (the `block`
+variant), which leaves vLLM's block manager and its prefix cache untouched and only reads them. vLLM's CPU
 attention needs blocks that are multiples of 32, so stock block 16 runs on the GPU only.
 Token-slot runs also report how many KV tiles of what attention reads are dense (their slots one
 ascending run): of every running context, and of the contexts being prefilled.
@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from proxima.harness import TINY_CPU_ARGS, EngineSpec, open_engine, run_isolated, vllm_flags
 
 # name: (allocator, block size, prefix caching)
 VARIANTS = {"stock-b32": ("block", 32, True), "stock-b128": ("block", 128, True),
@@ -61,69 +60,43 @@ def next_turn(rng: random.Random, conversation: list[int], answer: list[int]) ->
     return conversation + answer + _ids(rng, rng.randint(20, 100)), rng.randint(20, 100)
 
 
+def engine_spec(model: str, variant: str, kv_tokens: int, seed: int, kv_cache_dtype: str) -> EngineSpec:
+    allocator, block_size, prefix_caching = VARIANTS[variant]
+    flags = vllm_flags(seed=seed, block_size=block_size, kv_cache_memory_bytes=kv_tokens * 1024,
+                       max_num_seqs=512, max_num_batched_tokens=2048,
+                       enable_prefix_caching=prefix_caching, kv_cache_dtype=kv_cache_dtype)
+    # Every figure below is per scheduler step: publish the KV telemetry on every step. One
+    # client measuring the allocator: token-exact hit figures.
+    env = {"PROXIMA_TELEMETRY_INTERVAL_S": "0", "PROXIMA_KV_FIGURES": "exact"}
+    return EngineSpec(model, allocator, TINY_CPU_ARGS + flags, env=env)
+
+
 def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_tokens: int,
                seed: int, kv_cache_dtype: str = "auto") -> dict:
-    allocator, block_size, prefix_caching = VARIANTS[variant]
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["PROXIMA_ALLOCATOR"] = allocator
-    # Every figure below is per scheduler step: publish the KV telemetry on every step.
-    os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = "0"
-    # One client, measuring the allocator: token-exact hit figures (cache_hit_tokens below).
-    os.environ["PROXIMA_KV_FIGURES"] = "exact"
+    from proxima.harness.tiles import ContextTiles
+
+    with open_engine(engine_spec(model, variant, kv_tokens, seed, kv_cache_dtype)) as engine:
+        if engine.spec.variant != "token":
+            return drive(engine, variant, workload_name, requests, seed) | {"kv_cache_dtype": kv_cache_dtype}
+        # Contiguous KV tiles among what attention reads, every step (token slots only)
+        tiles = ContextTiles(engine)
+        with engine.listening(tiles):
+            result = drive(engine, variant, workload_name, requests, seed)
+        return result | tiles.shares() | {"kv_cache_dtype": kv_cache_dtype}
+
+
+def drive(engine, variant: str, workload_name: str, requests: int, seed: int) -> dict:
+    """Submit the workload (next turns as answers complete) and sum up the recorded steps."""
     import numpy as np
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import SamplingParams, TokensPrompt
 
-    llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=seed,
-              block_size=block_size, kv_cache_memory_bytes=kv_tokens * 1024,
-              max_num_seqs=512, max_num_batched_tokens=2048, enable_prefix_caching=prefix_caching,
-              scheduler_cls="proxima.engine.scheduler.ProximaScheduler", kv_cache_dtype=kv_cache_dtype)
-    engine = llm.llm_engine
-    scheduler = engine.engine_core.engine_core.scheduler
-    from proxima.engine.slot_table import DenseTileTally
-
-    steps: list[tuple[int, int, int, float]] = []
-    # Contiguous KV tiles among what attention reads: every running request's context per step,
-    # and the contexts of the requests that prefill (more than one token scheduled)
-    dense_tiles, prefill_tiles = DenseTileTally(), DenseTileTally("prefill_dense_tiles")
-    schedule, preemptions, alloc_time = scheduler.schedule, [0], [0.0]
-
-    def timed_schedule(*args, **kwargs):
-        start = time.perf_counter()
-        out = schedule(*args, **kwargs)
-        elapsed = time.perf_counter() - start
-        s = scheduler.last_kv_stats
-        steps.append((s.live_tokens, s.slots_used, len(scheduler.running), elapsed,
-                      out.total_num_scheduled_tokens))
-        if allocator == "token":  # after the timer
-            table = scheduler.kv_cache_manager.table
-            dense_tiles.add(table, (r.request_id for r in scheduler.running))
-            prefill_tiles.add(table, (rid for rid, n in out.num_scheduled_tokens.items() if n > 1))
-        return out
-
-    preempt = scheduler._preempt_request
-
-    def counted_preempt(*args, **kwargs):
-        preemptions[0] += 1
-        return preempt(*args, **kwargs)
-
-    scheduler.schedule, scheduler._preempt_request = timed_schedule, counted_preempt
-    alloc_per_step: list[float] = []
-    if allocator == "token":  # pure allocator time: the slot manager times each call
-        exporter = scheduler.kv_exporter
-        observe = exporter.observe_latencies
-
-        def observe_latencies(op, seconds):
-            if op != "step":
-                alloc_time[0] += sum(seconds)
-            observe(op, seconds)
-
-        exporter.observe_latencies = observe_latencies
+    llm_engine, recorder = engine.llm.llm_engine, engine.recorder
     prompts: dict[str, list[int]] = {}
 
     def submit(rid: str, prompt: list[int], out_len: int) -> None:
         prompts[rid] = prompt
-        engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt),
-                           SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
+        llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt),
+                               SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
 
     firsts = workload(workload_name, requests, seed)
     # multi-turn: ACTIVE_CONVERSATIONS users chat at a time; each next conversation starts when
@@ -135,9 +108,8 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
     turn_rng = random.Random(seed + 1)
     submitted = len(prompts)
     start, output_tokens, prompt_tokens, hit_tokens = time.perf_counter(), 0, 0, 0
-    while engine.has_unfinished_requests():
-        before = alloc_time[0]
-        for o in engine.step():
+    while llm_engine.has_unfinished_requests():
+        for o in llm_engine.step():
             if not o.finished:
                 continue
             answer = list(o.outputs[0].token_ids)
@@ -154,29 +126,25 @@ def run_engine(model: str, variant: str, workload_name: str, requests: int, kv_t
                 submit(f"c{next_conversation}-t0", *firsts[next_conversation])
                 next_conversation += 1
                 submitted += 1
-        if allocator == "token":
-            alloc_per_step.append(alloc_time[0] - before)
     wall = time.perf_counter() - start
-    arr = np.array(steps, dtype=np.float64)
-    busy = arr[arr[:, 1] > 0]
-    step_times = arr[:, 3]
+    steps = recorder.steps
+    step_times = np.array([s.seconds for s in steps])
+    allocator, block_size, prefix_caching = VARIANTS[variant]
     result = {
         "variant": variant, "workload": workload_name, "allocator": allocator,
         "block_size": block_size, "prefix_caching": prefix_caching, "requests": submitted,
-        "kv_cache_dtype": kv_cache_dtype,
-        "slots_total": scheduler.last_kv_stats.slots_total,
-        "slot_efficiency_mean": float(np.mean(busy[:, 0] / busy[:, 1])),
-        "running_peak": int(arr[:, 2].max()), "running_mean": float(busy[:, 2].mean()),
-        "preemptions": preemptions[0], "output_tokens": output_tokens,
+        "slots_total": recorder.last_kv.slots_total,
+        "slot_efficiency_mean": recorder.slot_efficiency(),
+        "running_peak": recorder.running_peak(), "running_mean": recorder.running_mean(),
+        "preemptions": recorder.preemptions, "output_tokens": output_tokens,
         "prompt_tokens": prompt_tokens, "cache_hit_tokens": hit_tokens,
-        "tokens_computed": int(arr[:, 4].sum()),
-        "output_tokens_per_s": output_tokens / wall, "wall_s": wall, "steps": len(arr),
+        "tokens_computed": sum(s.num_scheduled_tokens for s in steps),
+        "output_tokens_per_s": output_tokens / wall, "wall_s": wall, "steps": len(steps),
         "schedule_ms_p50": float(np.percentile(step_times, 50) * 1e3),
         "schedule_ms_p99": float(np.percentile(step_times, 99) * 1e3),
     }
-    result.update(dense_tiles.shares() | prefill_tiles.shares())
-    if alloc_per_step:
-        a = np.array(alloc_per_step) * 1e6
+    if allocator == "token":  # pure allocator time: the slot manager times each call
+        a = np.array([s.allocator_seconds for s in steps]) * 1e6
         result["allocator_us_per_step_p50"] = float(np.percentile(a, 50))
         result["allocator_us_per_step_p99"] = float(np.percentile(a, 99))
     return result
@@ -192,28 +160,15 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--kv-cache-dtype", default="auto", help="vLLM's --kv-cache-dtype for every engine")
-    p.add_argument("--child", nargs=2, metavar=("VARIANT", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.child:
-        res = run_engine(args.model, args.child[0], args.workload, args.requests, args.kv_tokens,
-                         args.seed, args.kv_cache_dtype)
-        Path(args.child[1]).write_text(json.dumps(res))
-        return
     model = args.model
     if model is None:
         from proxima.tiny_model import build_tiny_model
 
         model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny"))
-    results = {}
-    for name in args.variants.split(","):
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
-            subprocess.run([sys.executable, __file__, "--model", model, "--requests", str(args.requests),
-                            "--workload", args.workload, "--kv-cache-dtype", args.kv_cache_dtype,
-                            "--kv-tokens", str(args.kv_tokens), "--seed", str(args.seed),
-                            "--child", name, out.name], check=True, env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            results[name] = json.loads(Path(out.name).read_text())
+    results = {name: run_isolated(run_engine, model, name, args.workload, args.requests, args.kv_tokens,
+                                  args.seed, args.kv_cache_dtype)
+               for name in args.variants.split(",")}
     cols = ["slots_total", "slot_efficiency_mean", "running_peak", "running_mean", "preemptions",
             "prompt_tokens", "cache_hit_tokens", "tokens_computed", "output_tokens_per_s",
             "schedule_ms_p50", "schedule_ms_p99"]

@@ -10,71 +10,69 @@ M tokens each with ignore_eos, greedy. Prints output tokens/s.
     python scripts/bench_cpu_e2e.py --model /tmp/tiny-cpuopt --baseline /tmp/reference_before.py \
         --rounds 3 --repeats 4 --omp-threads 1
 
-Each variant runs in its own process (vLLM's plugin registry is per process, and the stock run
-must not see PROXIMA_ALLOCATOR): "stock" (block size 32, vLLM's CPU attention), "proxima"
-(block size 1, Proxima scheduler and slot attention) and, with --baseline, "proxima-baseline":
-the same with `slot_attention_torch`/`write_kv` taken from the given file. Variants alternate
-round by round so a loaded machine slows each alike. Printed: median and best output tokens/s,
-and tokens per second of the engine process's CPU time. On a small shared machine pass
---omp-threads 1: with more, OpenMP barriers wait on threads descheduled by other work and one
-process's figures spread over two orders of magnitude.
+Each variant runs through the engine harness (proxima.harness) in a fresh process of its own
+(vLLM's plugin registry is per process): "stock" (plain vLLM, block size 32, its CPU attention),
+"proxima" (`proxima serve`'s token slots and slot attention) and, with --baseline,
+"proxima-baseline": the same with `slot_attention_torch`/`write_kv` taken from the given file.
+Variants alternate round by round so a loaded machine slows each alike. Printed: median and best
+output tokens/s, and tokens per second of the engine process's CPU time. On a small shared
+machine pass --omp-threads 1: with more, OpenMP barriers wait on threads descheduled by other
+work and one process's figures spread over two orders of magnitude.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from proxima.harness import (
+    TINY_CPU_ARGS,
+    EngineProcessError,
+    EngineSpec,
+    open_engine,
+    run_isolated,
+    vllm_flags,
+)
+
 VARIANTS = ("stock", "proxima-baseline", "proxima")
 
 
-def engine_env(variant: str) -> dict[str, str]:
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    env.pop("PROXIMA_ALLOCATOR", None)
-    if variant != "stock":
-        env["PROXIMA_ALLOCATOR"] = "token"
-    return env
-
-
-def run_variant(args: argparse.Namespace) -> None:
-    """One variant in this process: warm up, then time --repeats generate() calls."""
+def run_variant(variant: str, model: str, prompts: int, output_tokens: int, repeats: int,
+                baseline: str | None) -> dict:
+    """One variant in this process: warm up, then time `repeats` generate() calls."""
     import random
 
     import torch
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    proxima = args.variant != "stock"
-    if args.variant == "proxima-baseline":
-        use_baseline_attention(args.baseline)
-    extra = {"block_size": 1, "scheduler_cls": "proxima.engine.scheduler.ProximaScheduler"} if proxima \
-        else {"block_size": 32}
-    llm = LLM(model=args.model, dtype="float32", enforce_eager=True, max_model_len=1024,
-              kv_cache_memory_bytes=8 << 20, enable_prefix_caching=False, seed=0, **extra)
-    rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(3, 512) for _ in range(rng.randint(32, 96))]}
-               for _ in range(args.prompts)]
-    params = SamplingParams(max_tokens=args.output_tokens, ignore_eos=True, temperature=0.0)
-    llm.generate(prompts[:8], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
-    rates, cpu_rates, digest = [], [], hashlib.sha256()
-    for _ in range(args.repeats):
-        start, cpu_start = time.perf_counter(), time.process_time()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed, cpu_spent = time.perf_counter() - start, time.process_time() - cpu_start
-        num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-        rates.append(num_tokens / elapsed)
-        cpu_rates.append(num_tokens / cpu_spent)
+    if variant == "proxima-baseline":
+        use_baseline_attention(baseline)
+    flags = vllm_flags(kv_cache_memory_bytes=8 << 20, enable_prefix_caching=False, seed=0,
+                       block_size=32 if variant == "stock" else None)
+    # Nothing recorded: tok/s of the engines alone (stock without even Proxima's observer).
+    spec = EngineSpec(model, "stock" if variant == "stock" else "token", TINY_CPU_ARGS + flags, record=False)
+    with open_engine(spec) as engine:
+        rng = random.Random(0)
+        batch = [{"prompt_token_ids": [rng.randrange(3, 512) for _ in range(rng.randint(32, 96))]}
+                 for _ in range(prompts)]
+        params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0.0)
+        engine.llm.generate(batch[:8], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+        rates, cpu_rates, digest = [], [], hashlib.sha256()
+        for _ in range(repeats):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            outputs = engine.llm.generate(batch, params, use_tqdm=False)
+            elapsed, cpu_spent = time.perf_counter() - start, time.process_time() - cpu_start
+            num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            rates.append(num_tokens / elapsed)
+            cpu_rates.append(num_tokens / cpu_spent)
     for o in outputs:  # greedy: the same tokens whatever the attention implementation, up to fp ties
         digest.update(repr(list(o.outputs[0].token_ids)).encode())
-    result = {"variant": args.variant, "tokens_per_s": rates, "tokens_per_cpu_s": cpu_rates,
-              "outputs_sha256": digest.hexdigest()[:16], "torch_threads": torch.get_num_threads()}
-    print("RESULT " + json.dumps(result), flush=True)
+    return {"variant": variant, "tokens_per_s": rates, "tokens_per_cpu_s": cpu_rates,
+            "outputs_sha256": digest.hexdigest()[:16], "torch_threads": torch.get_num_threads()}
 
 
 def use_baseline_attention(path: str) -> None:
@@ -96,20 +94,12 @@ def drive(args: argparse.Namespace) -> None:
     cpu_results: dict[str, list[float]] = {v: [] for v in variants}
     for round_index in range(args.rounds):
         for variant in variants:
-            command = [sys.executable, __file__, "--variant", variant, "--model", args.model,
-                       "--prompts", str(args.prompts), "--output-tokens", str(args.output_tokens),
-                       "--repeats", str(args.repeats)]
-            if args.baseline:
-                command += ["--baseline", args.baseline]
-            env = engine_env(variant)
-            if args.omp_threads:
-                env["OMP_NUM_THREADS"] = str(args.omp_threads)
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=False,
-                                  timeout=args.timeout)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            if done.returncode != 0 or not lines:
-                sys.exit(f"error: variant {variant} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-            result = json.loads(lines[-1][len("RESULT "):])
+            env = {"OMP_NUM_THREADS": str(args.omp_threads)} if args.omp_threads else None
+            try:
+                result = run_isolated(run_variant, variant, args.model, args.prompts, args.output_tokens,
+                                      args.repeats, args.baseline, env=env, timeout=args.timeout)
+            except EngineProcessError as err:
+                sys.exit(f"error: variant {variant} failed: {err}")
             results[variant].extend(result["tokens_per_s"])
             cpu_results[variant].extend(result["tokens_per_cpu_s"])
             print(f"round {round_index + 1} {variant:17} outputs {result['outputs_sha256']} "
@@ -140,16 +130,12 @@ def main() -> None:
     parser.add_argument("--omp-threads", type=int, default=0,
                         help="OMP_NUM_THREADS for every engine process (0: the library default)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per process")
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not (Path(args.model) / "config.json").is_file():
         sys.exit(f"error: {args.model} is not a model directory; build one with `proxima model tiny DIR`")
     if args.baseline and not Path(args.baseline).is_file():
         sys.exit(f"error: --baseline {args.baseline} is not a file")
-    if args.variant:
-        run_variant(args)
-    else:
-        drive(args)
+    drive(args)
 
 
 if __name__ == "__main__":

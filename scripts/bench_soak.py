@@ -27,7 +27,6 @@ import asyncio
 import json
 import math
 import random
-import statistics
 import sys
 import time
 from collections import Counter
@@ -38,6 +37,7 @@ import psutil
 
 from proxima.exposition import Samples
 from proxima.metrics.catalog import Vllm
+from proxima.probes.trend import linear_trend
 from proxima.scrape import scrape
 from proxima.server_process import ManagedServer, ServerSpec
 
@@ -153,21 +153,13 @@ async def wait_idle(http, url: str, timeout: float = 60.0) -> tuple[bool, float,
     return False, timeout, used
 
 
-def t95(df: int) -> float:
-    """Two-sided 95% Student t quantile (Cornish-Fisher expansion; within 0.5% for df >= 5)."""
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-
-
 def slope_ci(ts: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares slope and its 95% half-width (units of y per unit of t)."""
-    n = len(ts)
-    mt, my = statistics.fmean(ts), statistics.fmean(ys)
-    sxx = sum((t - mt) ** 2 for t in ts)
-    slope = sum((t - mt) * (y - my) for t, y in zip(ts, ys)) / sxx
-    resid = [y - (my + slope * (t - mt)) for t, y in zip(ts, ys)]
-    se = math.sqrt(sum(r * r for r in resid) / (n - 2) / sxx)
-    return slope, t95(n - 2) * se
+    """Least-squares slope and its 95% half-width (units of y per unit of t), by probes/trend.py
+    (the one Student-t table)."""
+    trend = linear_trend(ts, ys)
+    if trend is None:
+        return math.nan, math.nan
+    return trend.slope, (trend.ci95_high - trend.ci95_low) / 2
 
 
 async def soak(url: str, pid: int, model: str, args) -> dict:

@@ -15,64 +15,39 @@ usage: python scripts/bench_telemetry_overhead.py [--model DIR] [--repeats 3] [-
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from proxima.harness import TINY_CPU_ARGS, EngineSpec, open_engine, run_isolated, vllm_flags
+
 
 def child(model: str, telemetry: bool, requests: int, interval: str | None) -> dict:
-    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", PROXIMA_ALLOCATOR="token",
-                      PROXIMA_TELEMETRY="on" if telemetry else "off")
+    """One engine: warm up, then time one burst; the time telemetry took is what the scheduler
+    itself reports per step (collecting and exporting after vLLM's schedule(), SchedulerStep)."""
+    from vllm import SamplingParams, TokensPrompt
+
+    env = {"PROXIMA_TELEMETRY": "on" if telemetry else "off"}
     if interval is not None:
-        os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = interval
-    from vllm import LLM, SamplingParams, TokensPrompt
-
-    llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, block_size=1,
-              kv_cache_memory_bytes=16 << 20, max_num_seqs=256, enable_prefix_caching=False,
-              scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    spent, steps = [0.0], [0]
-    schedule = scheduler.schedule
-
-    def counted_schedule(*a, **k):
-        steps[0] += 1
-        return schedule(*a, **k)
-
-    scheduler.schedule = counted_schedule
-
-    def timed(fn):
-        def wrapper(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                spent[0] += time.perf_counter() - t
-        return wrapper
-
-    if telemetry:  # everything telemetry adds to a step: stats, export, latency observations
-        scheduler._collect_stats = timed(scheduler._collect_stats)
-        for sink in scheduler.kv_sinks:
-            sink.publish = timed(sink.publish)
-            sink.observe_latencies = timed(sink.observe_latencies)
-    rng = random.Random(0)
-    work = [([rng.randrange(3, 400) for _ in range(rng.randint(50, 200))], rng.randint(20, 100))
-            for _ in range(requests)]
-    prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in work]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
-    llm.generate(prompts[:8], params[:8], use_tqdm=False)
-    spent[0], steps[0] = 0.0, 0
-    t = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - t
+        env["PROXIMA_TELEMETRY_INTERVAL_S"] = interval
+    flags = vllm_flags(kv_cache_memory_bytes=16 << 20, max_num_seqs=256, enable_prefix_caching=False)
+    with open_engine(EngineSpec(model, "token", TINY_CPU_ARGS + flags, env=env)) as engine:
+        rng = random.Random(0)
+        work = [([rng.randrange(3, 400) for _ in range(rng.randint(50, 200))], rng.randint(20, 100))
+                for _ in range(requests)]
+        prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in work]
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
+        engine.llm.generate(prompts[:8], params[:8], use_tqdm=False)
+        engine.recorder.reset()
+        t = time.perf_counter()
+        outs = engine.llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t
+        steps = engine.recorder.steps
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"telemetry": telemetry, "tok_s": tokens / wall, "wall_s": wall, "telemetry_s": spent[0],
-            "steps": steps[0]}
+    return {"telemetry": telemetry, "tok_s": tokens / wall, "wall_s": wall,
+            "telemetry_s": sum(s.telemetry_seconds for s in steps), "steps": len(steps)}
 
 
 def main() -> None:
@@ -81,11 +56,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--interval", default=None, help="PROXIMA_TELEMETRY_INTERVAL_S (default: the engine's)")
-    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.child:
-        Path(a.child[1]).write_text(json.dumps(child(a.model, a.child[0] == "on", a.requests, a.interval)))
-        return
     model = a.model
     if model is None:
         from proxima.tiny_model import build_tiny_model
@@ -94,13 +65,7 @@ def main() -> None:
     runs = {"on": [], "off": []}
     for _ in range(a.repeats):
         for mode in ("on", "off"):
-            with tempfile.NamedTemporaryFile(suffix=".json") as f:
-                env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
-                interval = ["--interval", a.interval] if a.interval is not None else []
-                subprocess.run([sys.executable, __file__, "--model", model, "--requests", str(a.requests),
-                                *interval, "--child", mode, f.name], check=True, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                runs[mode].append(json.loads(Path(f.name).read_text()))
+            runs[mode].append(run_isolated(child, model, mode == "on", a.requests, a.interval))
     on = [r["tok_s"] for r in runs["on"]]
     off = [r["tok_s"] for r in runs["off"]]
     share = [r["telemetry_s"] / r["wall_s"] for r in runs["on"]]

@@ -1,17 +1,20 @@
-"""Shared fixtures: the tiny model and real vLLM servers (one per variant, for the session).
+"""Shared fixtures: the tiny model, real vLLM servers (one per variant, for the session) and the
+processes that run in-process engines (one per attention registry, for the session).
 
 Servers are real: `proxima serve` (token or block allocator) or plain vLLM (stock), on
 loopback, with the tiny model on CPU. Tests that need their own configuration start a
-`ManagedServer` themselves.
+`ManagedServer` themselves. Engine scenarios run through `proxima.harness` in `engine_process`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from proxima.harness import EngineProcess, registry_of
 from proxima.server_process import ManagedServer, ServerSpec
 
 # Float32 and eager mode: exact greedy comparisons between engines, and quick start-up on CPU.
@@ -73,3 +76,22 @@ def stock_server(session_servers) -> ManagedServer:
 def block_server(session_servers) -> ManagedServer:
     """`proxima serve --proxima-allocator block`: stock allocation with Proxima telemetry."""
     return session_servers["block"]
+
+
+@pytest.fixture(scope="session")
+def engine_process(request, server_logs) -> Callable[[str], EngineProcess]:
+    """`engine_process(variant)`: the child process that runs the session's in-process engines of
+    that variant's attention registry (token: Proxima's; block and stock: vLLM's, fixed per process).
+    Each starts on first use and serves every later call: the first engine in a process takes
+    about a minute to start on a loaded CPU, every later one a few seconds."""
+    processes: dict[str, EngineProcess] = {}
+
+    def for_variant(variant: str) -> EngineProcess:
+        registry = registry_of(variant)
+        if registry not in processes:
+            processes[registry] = EngineProcess(log_path=server_logs / f"engines-{registry}.log",
+                                                name=f"{registry} engines")
+            request.addfinalizer(processes[registry].close)
+        return processes[registry]
+
+    return for_variant

@@ -1,21 +1,30 @@
 """Drive one engine through known requests and record, step by step, what its KV telemetry said
 (the scheduler's stats and the Prometheus exporter's samples) beside what the engine did.
 
-Executed by tests/test_engine_metrics.py in a subprocess per allocator; `token-prefix` runs the
-prefix-cache scenario with vLLM's prefix caching on, on token slots (`token-prefix`) or on stock
-32-token blocks (`block-prefix`).
-usage: python tests/metrics_scenarios.py MODEL_DIR {token,block,token-prefix,block-prefix} OUT.json
+Run by tests/test_engine_metrics.py through the engine harness, in the session's engine
+processes, once per allocator (`token`, `block`: 32-token blocks under Proxima's observing
+scheduler); `prefix_scenario` runs with vLLM's prefix caching on, on token slots or on blocks.
+The KV telemetry publishes on every step (PROXIMA_TELEMETRY_INTERVAL_S=0): snapshots are per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import sys
+
+from proxima.harness import TINY_CPU_ARGS, EngineSpec, open_engine, vllm_flags
 
 PROMPT_LENS = [5, 17, 33, 64, 100]
 KV_SLOTS = 4096
+
+
+def engine_spec(model: str, allocator: str, prefix_caching: bool) -> EngineSpec:
+    flags = vllm_flags(seed=0, max_num_batched_tokens=2048, max_num_seqs=64,
+                       kv_cache_memory_bytes=KV_SLOTS * 1024, enable_prefix_caching=prefix_caching,
+                       block_size=1 if allocator == "token" else 32)
+    return EngineSpec(model, allocator, TINY_CPU_ARGS + flags, env={
+        "PROXIMA_TELEMETRY_INTERVAL_S": "0",  # publish every step: snapshots are per step
+        "PROXIMA_KV_FIGURES": "exact",  # the figures are checked against the engine, token by token
+    })
 
 
 def exporter_samples(scheduler) -> dict:
@@ -24,7 +33,7 @@ def exporter_samples(scheduler) -> dict:
     reg, labels = scheduler.kv_exporter.registry, {"engine": "0"}
     out = {spec.name: reg.get_sample_value(spec.sample_name, labels) for spec in (
         c.SLOTS_TOTAL, c.SLOTS_USED, c.SLOTS_FREE, c.LIVE_TOKENS, c.TOKEN_USAGE, c.BLOCK_USAGE,
-        c.FRAGMENTATION, c.BLOCK_FRAGMENTATION, c.RUNNING_REQUESTS, c.LARGEST_FREE_RUN, c.PREEMPTIONS,
+        c.FRAGMENTATION, c.BLOCK_FRAGMENTATION, c.REQUESTS_HOLDING_SLOTS, c.LARGEST_FREE_RUN, c.PREEMPTIONS,
         c.BYTES_PER_TOKEN, c.CACHE_BYTES, c.SLOTS_CACHED, *c.PREFIX_COUNTERS)}
     out["occupancy_0"] = reg.get_sample_value(c.OCCUPANCY_MAP.name, {"engine": "0", "segment": "0"})
     for op in c.ALLOCATOR_OPS:
@@ -34,39 +43,31 @@ def exporter_samples(scheduler) -> dict:
 
 
 def snapshot(scheduler) -> dict:
-    return {"stats": dataclasses.asdict(scheduler.last_kv_stats), "prom": exporter_samples(scheduler)}
+    stats = dataclasses.asdict(scheduler.last_kv_stats)
+    stats["occupancy"] = list(stats["occupancy"])  # as the tests read it (they once read JSON)
+    return {"stats": stats, "prom": exporter_samples(scheduler)}
 
 
 def main(model: str, variant: str) -> dict:
-    from vllm import LLM, SamplingParams, TokensPrompt
+    with open_engine(engine_spec(model, variant, prefix_caching=False)) as harnessed:
+        return known_requests(harnessed, variant)
+
+
+def known_requests(harnessed, variant: str) -> dict:
+    from vllm import SamplingParams, TokensPrompt
 
     block_size = 1 if variant == "token" else 32
-    llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
-              max_num_batched_tokens=2048, max_num_seqs=64, enable_prefix_caching=False,
-              block_size=block_size, kv_cache_memory_bytes=KV_SLOTS * 1024,
-              scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
-    engine = llm.llm_engine
-    scheduler = engine.engine_core.engine_core.scheduler
-    calls = {"allocate_ok": 0, "preempt": 0, "schedule": 0}
-    mgr_allocate, preempt = scheduler.kv_cache_manager.allocate_slots, scheduler._preempt_request
-    schedule = scheduler.schedule
+    engine, scheduler, recorder = harnessed.llm.llm_engine, harnessed.scheduler, harnessed.recorder
+    allocated = [0]
+    if variant == "token":  # successful allocations, counted apart from the slot manager's own timing
+        allocate = scheduler.kv_cache_manager.allocate_slots
 
-    def counted_schedule(*args, **kwargs):
-        calls["schedule"] += 1
-        return schedule(*args, **kwargs)
+        def counted_allocate(*args, **kwargs):
+            result = allocate(*args, **kwargs)
+            allocated[0] += result is not None
+            return result
 
-    def counted_allocate(*args, **kwargs):
-        result = mgr_allocate(*args, **kwargs)
-        calls["allocate_ok"] += result is not None
-        return result
-
-    def counted_preempt(*args, **kwargs):
-        calls["preempt"] += 1
-        return preempt(*args, **kwargs)
-
-    scheduler.kv_cache_manager.allocate_slots = counted_allocate
-    scheduler._preempt_request = counted_preempt
-    scheduler.schedule = counted_schedule
+        scheduler.kv_cache_manager.allocate_slots = counted_allocate
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for i, n in enumerate(PROMPT_LENS):
         engine.add_request(f"m{i}", TokensPrompt(prompt_token_ids=list(range(10, 10 + n))), greedy)
@@ -95,7 +96,8 @@ def main(model: str, variant: str) -> dict:
         engine.step()
     scheduler.schedule()
     result["after_pressure"] = snapshot(scheduler)
-    result["calls"] = calls
+    result["calls"] = {"allocate_ok": allocated[0], "preempt": recorder.preemptions,
+                       "schedule": len(recorder.steps)}
     return result
 
 
@@ -104,17 +106,17 @@ TAILS = [3, 5, 8, 13]
 FLOOD = 30  # prompts of 200 tokens: 6,000 tokens into 4,096 slots
 
 
-def prefix_scenario(model: str, block_size: int = 1) -> dict:
+def prefix_scenario(model: str, allocator: str) -> dict:
     """One burst of 4 prompts behind a 40-token system prompt, the same burst again, then a
     flood of unrelated prompts that needs more than the free slots (evictions)."""
-    from vllm import LLM, SamplingParams, TokensPrompt
+    with open_engine(engine_spec(model, allocator, prefix_caching=True)) as harnessed:
+        return shared_prefixes(harnessed)
 
-    llm = LLM(model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
-              max_num_batched_tokens=2048, max_num_seqs=64, enable_prefix_caching=True,
-              block_size=block_size, kv_cache_memory_bytes=KV_SLOTS * 1024,
-              scheduler_cls="proxima.engine.scheduler.ProximaScheduler")
-    engine = llm.llm_engine
-    scheduler = engine.engine_core.engine_core.scheduler
+
+def shared_prefixes(harnessed) -> dict:
+    from vllm import SamplingParams, TokensPrompt
+
+    engine, scheduler = harnessed.llm.llm_engine, harnessed.scheduler
     system = list(range(100, 100 + SYSTEM_LEN))
     prompts = [system + list(range(300 + 20 * i, 300 + 20 * i + n)) for i, n in enumerate(TAILS)]
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -136,18 +138,3 @@ def prefix_scenario(model: str, block_size: int = 1) -> dict:
     scheduler.schedule()
     result["flood_idle"] = snapshot(scheduler)
     return result
-
-
-if __name__ == "__main__":
-    model_dir, variant, out_path = sys.argv[1:4]
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["PROXIMA_ALLOCATOR"] = variant.removesuffix("-prefix")
-    os.environ["PROXIMA_TELEMETRY_INTERVAL_S"] = "0"  # publish every step: snapshots are per step
-    os.environ["PROXIMA_KV_FIGURES"] = "exact"  # the figures are checked against the engine, token by token
-    if variant.endswith("-prefix"):
-        data = prefix_scenario(model_dir, 1 if variant == "token-prefix" else 32)
-    else:
-        data = main(model_dir, variant)
-    with open(out_path + ".tmp", "w") as f:
-        json.dump(data, f)
-    os.replace(out_path + ".tmp", out_path)

@@ -371,13 +371,13 @@ def _config(cache_dtype: str, skip_layers: list[str] | None = None):
     )
 
 
-@pytest.mark.parametrize("name", ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
-def test_compat_accepts_fp8_kv_cache(name) -> None:
+@pytest.mark.parametrize("name", ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head",
+                                  "fp8_per_token_head", "int4_per_token_head"])
+def test_compat_accepts_fp8_and_per_token_head_kv_caches(name) -> None:
     assert unsupported_options(_config(name)) == []
 
 
-@pytest.mark.parametrize("name", ["fp8_per_token_head", "int8_per_token_head", "nvfp4", "fp8_inc",
-                                  "bfloat16"])
+@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_k8v4", "nvfp4", "fp8_inc", "bfloat16"])
 def test_compat_refuses_other_kv_cache_dtypes_in_one_line(name) -> None:
     (problem,) = unsupported_options(_config(name))
     assert problem.startswith(f"--kv-cache-dtype {name}:") and "\n" not in problem

@@ -33,10 +33,10 @@ FAKE = c.MetricSpec(
 
 STATS = (
     KVStats(allocator="token", granularity=1, slots_total=1000, slots_used=300, slots_cached=40,
-            live_tokens=290, num_requests=3, reference_block=16, reference_block_slots=320,
+            live_tokens=290, requests_holding_slots=3, reference_block=16, reference_block_slots=320,
             occupancy=(1.0, 0.2), largest_free_run=600),
     KVStats(allocator="token", granularity=1, slots_total=3000, slots_used=150, slots_cached=0,
-            live_tokens=100, num_requests=2, reference_block=16, reference_block_slots=128,
+            live_tokens=100, requests_holding_slots=2, reference_block=16, reference_block_slots=128,
             occupancy=(0.0, 0.1), largest_free_run=2800),
 )
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxima.engine.slot_table import DenseTileTally, RequestSlotTable, contiguous_tiles
+from proxima.engine.slot_table import RequestSlotTable
+from proxima.harness.tiles import DenseTileTally, contiguous_tiles
 
 
 def _by_definition(slots: np.ndarray, tile: int) -> tuple[int, int]:

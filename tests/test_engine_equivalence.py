@@ -1,42 +1,28 @@
 """Proxima's engine against stock vLLM: token-for-token equal outputs, and every slot returned.
 
-Each engine runs tests/engine_scenarios.py in its own process (vLLM's plugin registry is per
-process): Proxima with token slots (block size 1) and its prefix cache on (vLLM's default) and
-off, stock vLLM's CPU backend at block 32 with its prefix cache on (as users run it), all
-float32, at a KV budget far too small for the batch (so all preempt) and a 96-token step
-budget (so long prompts are prefilled in chunks). Scenarios: 120 varied prompts, n=3
-parallel sampling, requests aborted mid-generation, a burst sharing system prompts of several
-lengths (shorter than a block, ending mid-block), multi-turn conversations.
+Each engine runs tests/engine_scenarios.py through the engine harness, in the session's engine
+processes (vLLM's attention registry is per process): Proxima with token slots (block size 1)
+and its prefix cache on (vLLM's default) and off, stock vLLM's CPU backend at block 32 with its
+prefix cache on (as users run it), all float32, at a KV budget far too small for the batch (so
+all preempt) and a 96-token step budget (so long prompts are prefilled in chunks). Scenarios:
+120 varied prompts, n=3 parallel sampling, requests aborted mid-generation, a burst sharing
+system prompts of several lengths (shorter than a block, ending mid-block), multi-turn
+conversations.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests import engine_scenarios
 
 pytestmark = pytest.mark.engine
 
-RUNNER = Path(__file__).with_name("engine_scenarios.py")
-
-
-def _run(tiny_model: str, variant: str, tmp_path: Path) -> dict:
-    out = tmp_path / f"{variant}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
-    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, variant, str(out)],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(out.read_text())
-
 
 @pytest.fixture(scope="module")
-def runs(tiny_model, tmp_path_factory) -> dict[str, dict]:
-    tmp = tmp_path_factory.mktemp("equivalence")
-    return {variant: _run(tiny_model, variant, tmp) for variant in VARIANTS}
+def runs(tiny_model, engine_process) -> dict[str, dict]:
+    return {variant: engine_process(variant.removesuffix("-nocache")).call(
+        engine_scenarios.run, tiny_model, variant, timeout=900) for variant in VARIANTS}
 
 
 VARIANTS = ("token", "token-nocache", "stock")
@@ -71,7 +57,7 @@ def test_aborted_requests_release_slots_and_others_complete_identically(runs):
     assert token["completed"] == stock["completed"]
     assert sorted(token["completed"]) == sorted(set(f"abort-{i}" for i in range(12)) - set(token["aborted"]))
     # Right after the abort only the six survivors hold slots, exactly one per token they hold.
-    assert token["after_abort"]["requests_holding"] == 6
+    assert token["after_abort"]["requests_holding_slots"] == 6
     assert 0 < token["after_abort"]["slots_used"] <= 6 * (80 * 2 + 40)
 
 
@@ -79,7 +65,7 @@ def test_aborted_requests_release_slots_and_others_complete_identically(runs):
 def test_zero_slots_in_use_after_each_scenario(runs, scenario):
     for variant in VARIANTS:
         after = runs[variant]["scenarios"][scenario]["after"]
-        assert after["slots_used"] == 0 and after["requests_holding"] == 0, (variant, after)
+        assert after["slots_used"] == 0 and after["requests_holding_slots"] == 0, (variant, after)
 
 
 def test_token_engine_has_slot_per_token_capacity(runs):

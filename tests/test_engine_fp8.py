@@ -1,6 +1,7 @@
 """fp8 KV cache on token slots against stock vLLM's fp8 cache: same greedy outputs, 4x the slots.
 
-Each engine runs tests/engine_fp8_scenarios.py in its own process: Proxima with token slots and
+Each engine runs tests/engine_fp8_scenarios.py through the engine harness, in the session's engine
+processes: Proxima with token slots and
 ``kv_cache_dtype="fp8"`` (e4m3), stock vLLM's CPU backend with fp8 at block 32 and, as the
 control pair, at block 128 (same quantised cache, another kernel tiling: what agreement between
 two correct fp8 engines looks like), and Proxima in float32 (how far e4m3 itself moves this
@@ -10,18 +11,14 @@ budget in bytes.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests import engine_fp8_scenarios
+
 pytestmark = pytest.mark.engine
 
-RUNNER = Path(__file__).with_name("engine_fp8_scenarios.py")
 RUNS = {  # name: (engine, kv cache dtype, block size)
     "proxima-fp8": ("token", "fp8", 1),
     "stock-fp8-b32": ("stock", "fp8", 32),
@@ -30,20 +27,11 @@ RUNS = {  # name: (engine, kv cache dtype, block size)
 }
 
 
-def _run(tiny_model: str, name: str, tmp_path: Path) -> dict:
-    variant, dtype, block = RUNS[name]
-    out = tmp_path / f"{name}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
-    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, variant, dtype, str(block), str(out)],
-                          capture_output=True, text=True, env=env, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(out.read_text())
-
-
 @pytest.fixture(scope="module")
-def runs(tiny_model, tmp_path_factory) -> dict[str, dict]:
-    tmp = tmp_path_factory.mktemp("fp8")
-    results = {name: _run(tiny_model, name, tmp) for name in RUNS}
+def runs(tiny_model, engine_process) -> dict[str, dict]:
+    results = {name: engine_process(variant).call(engine_fp8_scenarios.run, tiny_model, variant, dtype, block,
+                                                  timeout=900)
+               for name, (variant, dtype, block) in RUNS.items()}
     print_agreement(results)  # the figures docs/benchmarks.md quotes (pytest -s shows them)
     return results
 
@@ -108,4 +96,4 @@ def test_fp8_token_slots_hold_4x_float32_and_metrics_say_so(runs):
     assert fp8["after"]["slots_total"] == 4 * float32["after"]["slots_total"] == 6144
     assert stock["after"]["slots_total"] <= fp8["after"]["slots_total"]
     for run in runs.values():
-        assert run["after"]["slots_used"] == 0 and run["after"]["requests_holding"] == 0
+        assert run["after"]["slots_used"] == 0 and run["after"]["requests_holding_slots"] == 0

@@ -8,19 +8,15 @@ Prometheus samples must equal the scheduler's stats.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests import metrics_scenarios
+
 pytestmark = pytest.mark.engine
 
-RUNNER = Path(__file__).with_name("metrics_scenarios.py")
 LENS = [5, 17, 33, 64, 100]
 
 
@@ -29,20 +25,15 @@ def blocks_of(lens, b):
 
 
 @pytest.fixture(scope="module", params=["token", "block"])
-def run(request, tiny_model, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("metrics") / f"{request.param}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
-    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, request.param, str(out)],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return json.loads(out.read_text())
+def run(request, tiny_model, engine_process) -> dict:
+    return engine_process(request.param).call(metrics_scenarios.main, tiny_model, request.param, timeout=900)
 
 
 def test_slots_used_after_prefill_match_the_allocator_arithmetic(run):
     stats = run["after_prefill"]["stats"]
     live = sum(LENS)
     assert stats["live_tokens"] == live
-    assert stats["num_requests"] == 5
+    assert stats["requests_holding_slots"] == 5
     assert stats["reference_block_slots"] == blocks_of(LENS, 16)
     if run["variant"] == "token":
         assert stats["slots_used"] == live
@@ -69,7 +60,7 @@ def test_prometheus_samples_equal_the_stats(run):
         assert prom["proxima_kv_slots_used"] == used
         assert prom["proxima_kv_slots_free"] == total - used
         assert prom["proxima_kv_live_tokens"] == live
-        assert prom["proxima_kv_requests_holding_slots"] == stats["num_requests"]
+        assert prom["proxima_kv_requests_holding_slots"] == stats["requests_holding_slots"]
         assert prom["proxima_kv_token_usage_ratio"] == pytest.approx(live / total)
         assert prom["proxima_kv_block_usage_ratio"] == pytest.approx(stats["reference_block_slots"] / total)
         expected_frag = (used - live) / used if used else 0.0
@@ -92,7 +83,7 @@ def test_fragmentation_is_zero_for_token_slots_and_block_arithmetic_for_stock(ru
 
 def test_idle_engine_reports_empty_cache(run):
     stats, prom = run["idle"]["stats"], run["idle"]["prom"]
-    assert stats["slots_used"] == 0 and stats["live_tokens"] == 0 and stats["num_requests"] == 0
+    assert stats["slots_used"] == 0 and stats["live_tokens"] == 0 and stats["requests_holding_slots"] == 0
     assert prom["proxima_kv_largest_free_run_slots"] == stats["slots_total"]
     assert prom["occupancy_0"] == 0.0
 
@@ -131,22 +122,18 @@ def test_a_busy_engine_publishes_gauges_at_most_once_per_interval(run):
 
 # -- the prefix cache ------------------------------------------------------------------------------
 
-def _prefix_run(tiny_model, tmp_path_factory, variant: str) -> dict:
-    out = tmp_path_factory.mktemp("metrics") / f"{variant}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROXIMA_")}
-    proc = subprocess.run([sys.executable, str(RUNNER), tiny_model, variant, str(out)],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return json.loads(out.read_text())
+def _prefix_run(tiny_model, engine_process, allocator: str) -> dict:
+    return engine_process(allocator).call(metrics_scenarios.prefix_scenario, tiny_model, allocator,
+                                          timeout=900)
 
 
 @pytest.fixture(scope="module")
-def prefix_run(tiny_model, tmp_path_factory) -> dict:
-    return _prefix_run(tiny_model, tmp_path_factory, "token-prefix")
+def prefix_run(tiny_model, engine_process) -> dict:
+    return _prefix_run(tiny_model, engine_process, "token")
 
 
-def test_stock_blocks_with_their_prefix_cache_count_shared_blocks_once(tiny_model, tmp_path_factory):
-    run = _prefix_run(tiny_model, tmp_path_factory, "block-prefix")
+def test_stock_blocks_with_their_prefix_cache_count_shared_blocks_once(tiny_model, engine_process):
+    run = _prefix_run(tiny_model, engine_process, "block")
     system, tails = run["system_len"], run["tails"]
     stats = run["first_prefill"]["stats"]
     # vLLM caches the first request's full 32-token block as it is allocated; the three others

@@ -1,4 +1,4 @@
-"""The GPU benchmarks' two KV layouts (scripts/gpu/layouts.py) hold the same token at the same
+"""The GPU benchmarks' two KV layouts (scripts/gpu/kit/layouts.py) hold the same token at the same
 position, so their timings compare kernels on identical data. The builder runs on CPU too."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "layouts.py"
+_PATH = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "kit" / "layouts.py"
 _spec = importlib.util.spec_from_file_location("gpu_bench_layouts", _PATH)
 layouts = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(layouts)

@@ -1,4 +1,4 @@
-"""The attention regression guard's verdicts (scripts/gpu/ratio_guard.py), on made-up runs."""
+"""The attention regression guard's verdicts (scripts/gpu/kit/ratio_guard.py), on made-up runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "ratio_guard.py"
+_PATH = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "kit" / "ratio_guard.py"
 _spec = importlib.util.spec_from_file_location("ratio_guard", _PATH)
 guard = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = guard  # dataclasses look their module up there

@@ -96,7 +96,7 @@ def test_slot_table_grows_and_pops_in_token_order():
     table.append("a", np.arange(0, 50, dtype=np.int32))
     table.append("a", np.arange(100, 200, dtype=np.int32))
     table.append("b", np.array([7], dtype=np.int32))
-    assert table.num_slots("a") == 150 and table.num_slots_held == 151
+    assert table.num_slots_of("a") == 150 and table.num_slots_held == 151
     assert table.slots_of("a")[48:52].tolist() == [48, 49, 100, 101]
     assert table.pop("a").tolist() == list(range(50)) + list(range(100, 200))
     assert "a" not in table and table.num_slots_held == 1
@@ -108,7 +108,7 @@ def test_kv_stats_fragmentation_and_block_arithmetic():
     assert kv_sources.block_slots(live, 16) == (1 + 1 + 2 + 3) * 16
     stats = KVStats(
         allocator="token", granularity=1, slots_total=1000, slots_used=74, slots_cached=0,
-        live_tokens=74, num_requests=4, reference_block=16,
+        live_tokens=74, requests_holding_slots=4, reference_block=16,
         reference_block_slots=kv_sources.block_slots(live, 16), occupancy=(), largest_free_run=0,
     )
     assert stats.fragmentation == 0.0

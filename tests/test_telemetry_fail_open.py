@@ -24,7 +24,7 @@ from proxima.server_process import ManagedServer, ServerSpec
 from tests.conftest import SERVER_ARGS
 
 STATS = KVStats(allocator="token", granularity=1, slots_total=64, slots_used=10, slots_cached=0,
-                live_tokens=10, num_requests=1, reference_block=16, reference_block_slots=16,
+                live_tokens=10, requests_holding_slots=1, reference_block=16, reference_block_slots=16,
                 occupancy=(0.5,), largest_free_run=54)
 
 
@@ -129,20 +129,33 @@ def test_server_keeps_answering_when_a_sink_raises_and_counts_it(tiny_model, ser
     assert text.count("telemetry sink prometheus failed in publish") == 1
 
 
-def test_scripts_can_extend_and_time_the_sinks_as_before():
+def test_a_sink_that_takes_steps_gets_them_and_a_late_one_the_static_facts():
+    from proxima.metrics.sink import SchedulerStep
+
     sinks = FailOpenSinks()
-    calls = []
+    sinks.add("prometheus", RaisingSink()).set_static("token", 1, 1024, 4096)  # raises: counted
+    steps = []
 
-    class Recorder:
-        def publish(self, stats) -> None:
-            calls.append(stats)
+    class Recorder:  # what proxima.harness attaches to a running engine
+        static = None
 
-    sinks.append(Recorder())  # scripts/gpu/e2e.py
-    for sink in sinks:  # scripts/bench_telemetry_overhead.py wraps each sink's publish
-        inner = sink.publish
-        sink.publish = lambda stats, inner=inner: inner(stats)
-        sink.publish(STATS)
-    assert calls == [STATS]
+        def set_static(self, *facts) -> None:
+            self.static = facts
+
+        def step_scheduled(self, step) -> None:
+            steps.append(step)
+            raise RuntimeError("injected")
+
+    late = Recorder()
+    guarded = sinks.add("harness", late)
+    assert late.static == ("token", 1, 1024, 4096, "exact")
+    assert [s.name for s in sinks.step_sinks] == ["harness"]  # exporters take no step event
+    step = SchedulerStep(0.001, 0.0, 2, 0, {"a": 1, "b": 1}, 2)
+    for sink in sinks.step_sinks:
+        sink.step_scheduled(step)  # must not raise
+    assert steps == [step] and sinks.errors == {"prometheus": 1, "harness": 1}
+    sinks.remove(guarded)
+    assert sinks.step_sinks == [] and len(sinks) == 1
 
 
 def test_a_failing_kv_state_collection_is_caught_and_counted_as_collect():

@@ -7,16 +7,12 @@ users who enable the plugin by hand).
 
 from __future__ import annotations
 
-import logging
-
 # The quantised KV caches Proxima's slot kernels store: vLLM's per-tensor or per-head scaled fp8
 # (attention/quant.py) and its per-token-head formats (attention/per_token_head.py). Kept here as
 # names so that this check imports neither torch nor vLLM.
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 PER_TOKEN_HEAD_KV_CACHE_DTYPES = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
 SERVED_KV_CACHE_DTYPES = (*FP8_KV_CACHE_DTYPES, *PER_TOKEN_HEAD_KV_CACHE_DTYPES)
-
-logger = logging.getLogger(__name__)
 
 
 def unsupported_options(vllm_config) -> list[str]:

@@ -98,7 +98,7 @@ class SlotKVSource:
         return self._mgr.prefix_caching
 
     def slots_held(self, request_id: str) -> int:
-        return self._mgr.table.num_slots(request_id)
+        return self._mgr.table.num_slots_of(request_id)
 
     def collect(self, running: Sequence) -> KVStats:
         cache, tree = self._mgr.cache, self._mgr.cache.tree
@@ -112,7 +112,7 @@ class SlotKVSource:
             allocator=self.allocator,
             granularity=self.granularity,
             slots_total=cache.num_slots,
-            num_requests=len(self._mgr.table),
+            requests_holding_slots=len(self._mgr.table),
             reference_block=catalog.REFERENCE_BLOCK_SIZE,
             reference_block_slots=block_slots(live, catalog.REFERENCE_BLOCK_SIZE) - tree.shared_excess_blocks,
         )
@@ -183,7 +183,7 @@ class BlockPoolKVSource:
             slots_used=(num_blocks - pool.get_num_free_blocks()) * b,
             slots_cached=self._cached_slots,
             live_tokens=max(0, int(live.sum()) - shared),
-            num_requests=len(self._req_to_blocks()),
+            requests_holding_slots=len(self._req_to_blocks()),
             reference_block=catalog.REFERENCE_BLOCK_SIZE,
             reference_block_slots=max(0, block_slots(live, catalog.REFERENCE_BLOCK_SIZE) - shared),
             occupancy=self._slow.occupancy,

@@ -63,9 +63,6 @@ class SlotAllocator:
         view.flags.writeable = False
         return view
 
-    def can_allocate(self, num_tokens: int, reserve: int = 0) -> bool:
-        return num_tokens + reserve <= self._num_free
-
     def allocate(self, num_tokens: int) -> np.ndarray | None:
         """Hand out `num_tokens` free slots (ascending where they were freed together).
 

@@ -9,8 +9,6 @@ that row is what the worker's block table holds when the block size is 1.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 
 from proxima.engine.slot_allocator import SLOT_DTYPE
@@ -34,7 +32,7 @@ class RequestSlotTable:
     def num_slots_held(self) -> int:
         return self._num_held
 
-    def num_slots(self, request_id: str) -> int:
+    def num_slots_of(self, request_id: str) -> int:
         return self._lengths.get(request_id, 0)
 
     def slots_of(self, request_id: str) -> np.ndarray:
@@ -71,47 +69,3 @@ class RequestSlotTable:
     def request_ids(self) -> list[str]:
         return list(self._lengths)
 
-    def lengths(self) -> np.ndarray:
-        return np.fromiter(self._lengths.values(), dtype=np.int64, count=len(self._lengths))
-
-
-def contiguous_tiles(slots: np.ndarray, tile: int) -> tuple[int, int]:
-    """(contiguous, all) KV tiles of one request's slot list, tiles of `tile` positions.
-
-    Tile t holds positions [t*tile, (t+1)*tile), the last one clipped to the request's length,
-    as the attention kernels step through a request's context. It is contiguous when its slots
-    ascend by one, so that it could be read as one dense block of the cache rather than gathered
-    token by token; how often that holds decides whether a dense-tile kernel path pays.
-    """
-    if tile < 1:
-        raise ValueError(f"tile must be at least 1 position, got {tile}")
-    n = slots.size
-    if n == 0:
-        return 0, 0
-    breaks = np.flatnonzero(np.diff(slots.astype(np.int64)) != 1)  # between positions i and i+1
-    inside = breaks[breaks % tile != tile - 1]  # a break at a tile boundary splits no tile
-    num_tiles = -(-n // tile)
-    return num_tiles - np.unique(inside // tile).size, num_tiles
-
-
-class DenseTileTally:
-    """Contiguous KV tiles among the contexts attention reads, summed over a run's steps: the
-    capacity and end-to-end benchmarks add the running requests of every step (each step reads
-    every running request's whole context), per tile width."""
-
-    def __init__(self, name: str = "dense_tiles", tiles: tuple[int, ...] = (64, 128)) -> None:
-        self.name = name
-        # 64: the KV width of the prefill tiles, 128: that of the decode tiles
-        self.counts = {tile: [0, 0] for tile in tiles}
-
-    def add(self, table: RequestSlotTable, request_ids: Iterable[str]) -> None:
-        contexts = [table.slots_of(request_id) for request_id in request_ids]
-        for tile, counts in self.counts.items():
-            for slots in contexts:
-                dense, total = contiguous_tiles(slots, tile)
-                counts[0] += dense
-                counts[1] += total
-
-    def shares(self) -> dict[str, float]:
-        """{"<name>_64": share, ...}, for the widths that saw any tile."""
-        return {f"{self.name}_{tile}": dense / total for tile, (dense, total) in self.counts.items() if total}

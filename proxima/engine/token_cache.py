@@ -134,7 +134,7 @@ class TokenSlotCache:
         if path is None and hit is not None:
             self.tree.lock(hit.node)  # before any eviction: the hit must survive this call
             locked = True
-        num_held = self.table.num_slots(request_id) + (hit.num_tokens if locked else 0)
+        num_held = self.table.num_slots_of(request_id) + (hit.num_tokens if locked else 0)
         num_new = max(0, num_tokens - num_held)
         if not self.can_fit(num_new, reserve) or (must_fit and not self.can_fit(must_fit - num_held,
                                                                                  reserve)):
@@ -167,7 +167,7 @@ class TokenSlotCache:
         if path is None or path.namespace is None or path.diverged:
             return
         start = path.num_in_tree
-        end = min(num_tokens, self.table.num_slots(request_id))
+        end = min(num_tokens, self.table.num_slots_of(request_id))
         if end <= start:
             return
         run = np.asarray(tokens[start:end], dtype=TOKEN_DTYPE)

@@ -208,11 +208,11 @@ CACHE_BYTES = MetricSpec(
     "proxima_kv_cache_bytes", Kind.GAUGE, "KV cache size.", unit="bytes", multiprocess_mode="max",
     figure="cache_bytes",
 )
-RUNNING_REQUESTS = MetricSpec(
+REQUESTS_HOLDING_SLOTS = MetricSpec(
     "proxima_kv_requests_holding_slots",
     Kind.GAUGE,
     "Requests that hold KV slots (running, or preempted before release).",
-    figure="requests_holding_slots", stat="num_requests",
+    figure="requests_holding_slots", stat="requests_holding_slots",
 )
 PREEMPTIONS = MetricSpec(
     "proxima_kv_preemptions",
@@ -281,7 +281,7 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
     LARGEST_FREE_RUN,
     BYTES_PER_TOKEN,
     CACHE_BYTES,
-    RUNNING_REQUESTS,
+    REQUESTS_HOLDING_SLOTS,
     PREEMPTIONS,
     ALLOCATOR_LATENCY,
     *PREFIX_COUNTERS,
@@ -309,10 +309,6 @@ class Vllm:
     REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
     REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
     PROCESS_RESIDENT_MEMORY = "process_resident_memory_bytes"
-
-
-def by_name() -> dict[str, MetricSpec]:
-    return {spec.name: spec for spec in ENGINE_METRICS}
 
 
 # The engine's metrics by how they are fed. Functions, not constants: they read ENGINE_METRICS

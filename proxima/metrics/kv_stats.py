@@ -44,7 +44,7 @@ class KVStats:
     slots_used: int
     slots_cached: int
     live_tokens: int
-    num_requests: int
+    requests_holding_slots: int
     reference_block: int
     reference_block_slots: int
     occupancy: tuple[float, ...] | None

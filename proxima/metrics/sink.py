@@ -1,10 +1,13 @@
-"""The interface every KV telemetry sink implements (Prometheus, OpenTelemetry, test recorders),
-and the fail-open front through which the scheduler calls them.
+"""The interface every KV telemetry sink implements (Prometheus, OpenTelemetry, the engine
+harness's recorder), and the fail-open front through which the scheduler calls them.
 
 The scheduler calls each sink at each publish (`publish`, and `observe_latencies` with the
 scheduler step times and allocator calls timed since the last publish: every step when
 PROXIMA_TELEMETRY_INTERVAL_S is 0, else at most once per interval while busy and always on an
-idle step), per preemption and per finished request; sinks never call back into it.
+idle step), per preemption and per finished request; sinks never call back into it. A sink that
+also defines `step_scheduled` (`StepSink`: recorders, not exporters) gets every scheduler step
+as it returns, after that step's publish; the scheduler builds the step's facts only when such a
+sink is attached, so serving pays nothing for the event.
 
 Telemetry fails open: these calls run inside vLLM's engine busy loop, which treats any exception
 as fatal and stops serving. `FailOpenSinks` hands the scheduler guarded sinks that catch every
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from proxima.metrics.kv_stats import KVStats
@@ -38,6 +42,27 @@ class KVTelemetrySink(Protocol):
     def request_finished(self, facts: RequestKVFacts) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerStep:
+    """One call of the scheduler's `schedule()`, as it returned.
+
+    `num_scheduled_tokens` is vLLM's own map in the step's output (request id -> tokens scheduled
+    this step), not a copy: read it during the call, never keep it."""
+
+    seconds: float  # wall time of vLLM's schedule() itself
+    telemetry_seconds: float  # collecting and exporting KV telemetry after it (0: no publish)
+    num_running: int  # requests running once the step is scheduled
+    num_waiting: int
+    num_scheduled_tokens: Mapping[str, int]
+    total_num_scheduled_tokens: int
+
+
+class StepSink(Protocol):
+    """The optional per-step event (see the module docstring)."""
+
+    def step_scheduled(self, step: SchedulerStep) -> None: ...
+
+
 class FailOpenSinks:
     """The scheduler's sinks, each behind a guard; iterate to get the guarded sinks.
 
@@ -49,6 +74,10 @@ class FailOpenSinks:
                  log_interval_s: float = DEFAULT_LOG_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._sinks: list[GuardedSink] = []
+        # The sinks that take every step; empty while serving, so the scheduler skips the event.
+        self.step_sinks: list[GuardedSink] = []
+        # What set_static last said, for a sink added later (a recorder attached to a running engine).
+        self.static: tuple[str, int, int, int, str] | None = None
         self._count_error = count_error
         self._log_interval_s = log_interval_s
         self._clock = clock
@@ -57,14 +86,20 @@ class FailOpenSinks:
         self._unlogged: dict[str, int] = {}
 
     def add(self, name: str, sink: KVTelemetrySink) -> GuardedSink:
+        """Guard and attach `sink`; one added after start-up gets the static facts at once."""
         guarded = GuardedSink(name, sink, self)
         self._sinks.append(guarded)
+        if hasattr(sink, "step_scheduled"):
+            self.step_sinks.append(guarded)
+        if self.static is not None:
+            guarded.set_static(*self.static)
         return guarded
 
-    def append(self, sink: KVTelemetrySink) -> GuardedSink:
-        """`add` under the sink's class name (scripts that extend the scheduler's sinks, e.g.
-        scripts/gpu/e2e.py's recorder, were written against a list)."""
-        return self.add(type(sink).__name__, sink)
+    def remove(self, guarded: GuardedSink) -> None:
+        """Detach a sink `add` returned (a recorder whose run is over)."""
+        self._sinks.remove(guarded)
+        if guarded in self.step_sinks:
+            self.step_sinks.remove(guarded)
 
     def __iter__(self) -> Iterator[GuardedSink]:
         return iter(self._sinks)
@@ -96,14 +131,16 @@ class FailOpenSinks:
 
 
 class GuardedSink:
-    """One sink whose every call fails open (see `FailOpenSinks`). No __slots__: a measuring
-    script may wrap a guarded sink's methods on the instance (scripts/bench_telemetry_overhead.py)."""
+    """One sink whose every call fails open (see `FailOpenSinks`)."""
+
+    __slots__ = ("name", "sink", "_owner")
 
     def __init__(self, name: str, sink: KVTelemetrySink, owner: FailOpenSinks) -> None:
         self.name, self.sink, self._owner = name, sink, owner
 
     def set_static(self, allocator: str, granularity: int, bytes_per_token: int, cache_bytes: int,
                    kv_figures: str = "exact") -> None:
+        self._owner.static = (allocator, granularity, bytes_per_token, cache_bytes, kv_figures)
         try:
             self.sink.set_static(allocator, granularity, bytes_per_token, cache_bytes, kv_figures)
         except Exception as err:  # noqa: BLE001 (fail open: see the module docstring)
@@ -132,6 +169,12 @@ class GuardedSink:
             self.sink.request_finished(facts)
         except Exception as err:  # noqa: BLE001
             self._owner.failed(self.name, "request_finished", err)
+
+    def step_scheduled(self, step: SchedulerStep) -> None:
+        try:
+            self.sink.step_scheduled(step)
+        except Exception as err:  # noqa: BLE001
+            self._owner.failed(self.name, "step_scheduled", err)
 
     def shutdown(self) -> None:
         shutdown = getattr(self.sink, "shutdown", None)

@@ -1,136 +1,19 @@
-"""fp8 KV cache decode on the GPU: Proxima's slot kernel against FlashAttention 3, under CUDA-graph replay.
-
-The decode grid of bench_mixed.py (docs/benchmarks.md's "Decode under CUDA-graph replay" table),
-each case built by the same code (bench_mixed.build: 16-token paged blocks for FA3, per-token
-slots for Proxima, the same values in both) and then quantised to e4m3 with one per-tensor
-scale for K and one for V, as vLLM stores ``--kv-cache-dtype fp8``:
-
-- Proxima fp8: bf16 queries over the fp8 slots, scales read in-kernel (as the backend runs it);
-- FA3 fp8: as vLLM's FLASH_ATTN backend runs it, queries quantised to fp8 too (q_scale 1.0, vLLM's
-  default without a calibrated checkpoint), k/v descales per (request, KV head);
-- both bf16 kernels on the unquantised cache, for the fp8/bf16 speed-up of each.
-
-Each kernel is replayed from a CUDA graph captured once (vLLM's decode steps); outputs are checked
-against a float32 torch reference over the dequantised cache (Proxima) and against each other.
+"""fp8 KV cache decode on the GPU under CUDA-graph replay: Proxima's slot kernel against
+FlashAttention 3 fp8, and both in bf16 (kit/fp8.py).
 
 usage: python scripts/gpu/bench_fp8.py [--json OUT]   (needs an sm89+ GPU and vLLM 0.26)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-
-import torch
-from bench_mixed import GRAPH_DECODE, SCALE, build, graph_us  # scripts/gpu/bench_mixed.py
-from layouts import HKV, HQ, D
-
-from proxima.engine.attention.quant import KVScales, dequantize, quantize_fp8
-from proxima.engine.attention.reference import slot_attention_torch
-from proxima.engine.attention.triton_attention import slot_attention_triton
-
-FP8 = torch.float8_e4m3fn
-# The data is N(0, 1): |x| / 0.02 stays inside e4m3's +-448 for all but ~1e-6 of the values.
-K_SCALE, V_SCALE = 0.02, 0.015
-
-
-def fp8_decode_batch(batch: int, ctx: int):
-    """The decode batch of bench_mixed.build at this point, and its e4m3 copies: Proxima's slot rows,
-    FA3's paged blocks, the queries FA3 quantises (q_scale 1.0), and the per-tensor scales."""
-    b = build([(1, ctx)] * batch, batch * 7919 + ctx)
-    k_scale = torch.tensor(K_SCALE, device="cuda")
-    v_scale = torch.tensor(V_SCALE, device="cuda")
-    rows8 = torch.empty(b.rows.shape, dtype=FP8, device="cuda")
-    rows8[..., :D] = quantize_fp8(b.rows[..., :D], k_scale, FP8)
-    rows8[..., D:] = quantize_fp8(b.rows[..., D:], v_scale, FP8)
-    k16 = quantize_fp8(b.k16, k_scale, FP8)
-    v16 = quantize_fp8(b.v16, v_scale, FP8)
-    q8 = b.q.float().clamp(-448.0, 448.0).to(FP8)
-    return b, rows8, k16, v16, q8, KVScales(k_scale, v_scale)
-
-
-def fa3_decode(b, q, k, v, o, **descales):
-    """FA3 over paged blocks, as vLLM's FLASH_ATTN runs a decode step (no host hints beyond b's)."""
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
-    return lambda: flash_attn_varlen_func(
-        q, k, v, max_seqlen_q=1, cu_seqlens_q=b.cu_q, max_seqlen_k=b.max_seq, seqused_k=b.seq_lens,
-        softmax_scale=SCALE, causal=True, block_table=b.block_table, out=o, fa_version=3, **descales)
-
-
-def fa3_fp8_descales(batch: int, scales: KVScales) -> dict:
-    shape = (batch, HKV)
-    return {"q_descale": torch.ones((), device="cuda").expand(shape),
-            "k_descale": scales.k.expand(shape), "v_descale": scales.v.expand(shape)}
-
-
-def fp8_case(batch: int, ctx: int) -> dict:
-    b, rows8, k16, v16, q8, scales = fp8_decode_batch(batch, ctx)
-    k_scale, v_scale = scales.k, scales.v
-    out = {name: torch.empty_like(b.q) for name in ("proxima_fp8", "fa3_fp8", "proxima_bf16", "fa3_bf16")}
-
-    runs = {  # graph-safe: no host-side length hints, as during vLLM's capture
-        "proxima_fp8": lambda: slot_attention_triton(b.q, rows8[..., :D], rows8[..., D:], b.slot_table,
-                                                     b.cu_q, b.seq_lens, SCALE, out["proxima_fp8"],
-                                                     kv_scales=scales),
-        "fa3_fp8": fa3_decode(b, q8, k16, v16, out["fa3_fp8"], **fa3_fp8_descales(batch, scales)),
-        "proxima_bf16": lambda: slot_attention_triton(b.q, b.rows[..., :D], b.rows[..., D:], b.slot_table,
-                                                      b.cu_q, b.seq_lens, SCALE, out["proxima_bf16"]),
-        "fa3_bf16": fa3_decode(b, b.q, b.k16, b.v16, out["fa3_bf16"]),
-    }
-    result = {"batch": batch, "context": ctx}
-    for name, fn in runs.items():
-        try:
-            result[f"{name}_graph_us"] = graph_us(fn)
-        except Exception as err:  # a kernel that does not run here is reported, not fatal
-            result[f"{name}_error"] = f"{type(err).__name__}: {err}"[:200]
-    # Oracle for Proxima fp8: the torch path in float32 over the dequantised slots.
-    deq = torch.cat([dequantize(rows8[..., :D], k_scale), dequantize(rows8[..., D:], v_scale)], dim=-1)
-    expected = torch.empty(b.q.shape, dtype=torch.float32, device="cuda")
-    slot_attention_torch(b.q.float(), deq[..., :D], deq[..., D:], b.slot_table, b.cu_q, b.seq_lens, SCALE,
-                         expected)
-    del deq
-    result["proxima_fp8_vs_reference"] = float((out["proxima_fp8"].float() - expected.float()).abs().max())
-    px = out["proxima_fp8"].float()
-    result["proxima_fp8_vs_fa3_fp8"] = float((px - out["fa3_fp8"].float()).abs().max())
-    result["proxima_fp8_vs_bf16"] = float((px - out["proxima_bf16"].float()).abs().max())
-    result["kv_bytes_fp8"] = batch * ctx * HKV * D * 2
-    return result
-
-
-def _fmt(x) -> str:
-    return f"{x:9.1f}" if isinstance(x, float) else f"{'-':>9}"
+from kit.cli import parse_json_out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    print(f"device {torch.cuda.get_device_name()}; Hq={HQ} Hkv={HKV} D={D}; e4m3 KV, per-tensor scales "
-          f"k={K_SCALE} v={V_SCALE}; CUDA-graph replay, median us")
-    print(f"{'batch':>5} {'ctx':>6} {'px fp8':>9} {'fa3 fp8':>9} {'px bf16':>9} {'fa3 bf16':>9} "
-          f"{'px/fa3 fp8':>10} {'px fp8/bf16':>11} {'fa3 fp8/bf16':>12} {'px-ref':>7} {'px-fa3':>7}")
-    results = []
-    for batch, ctx in GRAPH_DECODE:
-        r = fp8_case(batch, ctx)
-        torch.cuda.empty_cache()
-        results.append(r)
-        g = r.get
+    args = parse_json_out(__doc__)
+    from kit import fp8
 
-        def ratio(a: str, b: str, g=g) -> float:  # g bound now: called within this iteration anyway
-            return g(a) / g(b) if g(a) and g(b) else float("nan")
-
-        print(f"{batch:>5} {ctx:>6} {_fmt(g('proxima_fp8_graph_us'))} {_fmt(g('fa3_fp8_graph_us'))} "
-              f"{_fmt(g('proxima_bf16_graph_us'))} {_fmt(g('fa3_bf16_graph_us'))} "
-              f"{ratio('proxima_fp8_graph_us', 'fa3_fp8_graph_us'):>10.2f} "
-              f"{ratio('proxima_fp8_graph_us', 'proxima_bf16_graph_us'):>11.2f} "
-              f"{ratio('fa3_fp8_graph_us', 'fa3_bf16_graph_us'):>12.2f} "
-              f"{r['proxima_fp8_vs_reference']:>7.4f} {r['proxima_fp8_vs_fa3_fp8']:>7.4f}")
-        for key in [k for k in r if k.endswith("_error")]:
-            print(f"      {key}: {r[key]}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"k_scale": K_SCALE, "v_scale": V_SCALE, "graph_decode": results}, f, indent=1)
+    fp8.run(args.json)
 
 
 if __name__ == "__main__":

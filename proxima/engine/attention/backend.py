@@ -123,6 +123,9 @@ class ProximaSlotMetadataBuilder(AttentionMetadataBuilder[ProximaSlotMetadata]):
     # The Triton path reads only device tensors and sizes fixed at capture: graphs are safe.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
 
+    # Not dead, though it only calls super(): vLLM 0.26 declares AttentionMetadataBuilder.__init__
+    # abstract, and without an override the engine fails at start-up ("Can't instantiate abstract
+    # class ProximaSlotMetadataBuilder").
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 

@@ -1,0 +1,225 @@
+"""End to end on the GPU: Proxima against stock vLLM 0.26 on a Llama-3-8B-shaped model (dummy
+weights, bf16), each engine configuration through the engine harness in a process of its own.
+
+  greedy       64 prompts x 64 tokens, temperature 0, logprobs: Proxima vs stock TRITON_ATTN
+  ample        8 GiB of KV, 256 requests (20-120 word prompts, 128 tokens): compute-bound tok/s
+  tight        1 GiB of KV, 512 short-chat requests: running requests, preemptions, tok/s
+
+Proxima engines get the flags `proxima serve` gives vLLM (proxima.harness reuses its command
+line); stock engines are plain vLLM whose scheduler only reports steps and preemptions
+(proxima.engine.observed). Each step's running requests and each preemption come from the
+harness's recorder. Engines named *-fp8* run with --kv-cache-dtype fp8 (e4m3, vLLM's default
+scale 1.0 on these uncalibrated weights): the same 1 GiB holds twice the tokens.
+
+With `profile`, each throughput job also reports where a step's time goes: host time per step
+in the scheduler and in the model runner, host time per eager attention call (mixed steps run
+attention outside CUDA graphs; kit/profiling.HostTimer observes those functions, wrapping
+nothing), from a second pass under torch.profiler GPU kernel time by kind (attention, KV write,
+GEMM, other) against the wall time, and from a third under cProfile the host functions that
+took the most time (engine core, scheduler and runner share the process).
+
+With `shared_prefix`, the tight job's requests share one 200-token system prompt (user turns of
+20-100 tokens, outputs of 20-100), as chat traffic does: the prefix cache's case.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+from kit.calls import attention_impl
+from kit.e2e_report import summarize
+from kit.profiling import HostTimer, host_profile, kernel_profile
+from proxima.harness import EngineProcessError, EngineSpec, open_engine, run_isolated, vllm_flags
+from proxima.harness.tiles import ContextTiles
+from proxima.load import random_prompt
+
+GiB = 1 << 30
+ENGINES = {
+    # name: (proxima?, attention backend, kv bytes, jobs)
+    "stock-triton-8g": (False, "TRITON_ATTN", 8 * GiB, ["greedy", "ample"]),
+    "stock-fa3-8g": (False, "FLASH_ATTN", 8 * GiB, ["ample"]),
+    "proxima-8g": (True, "CUSTOM", 8 * GiB, ["greedy", "ample"]),
+    "stock-fa3-1g": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
+    "stock-triton-1g": (False, "TRITON_ATTN", 1 * GiB, ["tight"]),
+    # vLLM's default (FULL_AND_PIECEWISE) runs attention outside CUDA graphs in mixed
+    # prefill+decode steps; FULL captures those steps too (both backends support it).
+    "proxima-1g-full": (True, "CUSTOM", 1 * GiB, ["tight"]),
+    "stock-fa3-1g-full": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
+    "proxima-8g-full": (True, "CUSTOM", 8 * GiB, ["ample"]),
+    "stock-fa3-8g-full": (False, "FLASH_ATTN", 8 * GiB, ["ample"]),
+    "proxima-1g": (True, "CUSTOM", 1 * GiB, ["tight"]),
+    # Stock allocation and FA3, observed by Proxima's scheduler (PROXIMA_ALLOCATOR=block): the
+    # per-step request and slot counts come from the same telemetry as Proxima's.
+    "observed-fa3-1g": ("block", "FLASH_ATTN", 1 * GiB, ["tight"]),
+    # vLLM's dummy weights give near-uniform logits (every logprob ~ -ln(vocab)), so greedy
+    # agreement on them proves nothing. These two load seeded random weights with wide logits
+    # (proxima.tiny_model, 8B-like attention: head 128, GQA 4:1) in bf16.
+    "stock-triton-seeded": (False, "TRITON_ATTN", 2 * GiB, ["greedy"]),
+    "proxima-seeded": (True, "CUSTOM", 2 * GiB, ["greedy"]),
+    # Control: two stock kernels against each other, to size bf16 divergence between kernels.
+    "stock-fa3-seeded": (False, "FLASH_ATTN", 2 * GiB, ["greedy"]),
+    # fp8 KV cache. Stock GPU backends also quantise the queries to fp8 (q_scale 1.0); Proxima
+    # keeps them bf16, so greedy agreement is judged against the stock-vs-stock control pair.
+    "stock-fa3-1g-fp8": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
+    "stock-fa3-1g-fp8-full": (False, "FLASH_ATTN", 1 * GiB, ["tight"]),
+    "proxima-1g-fp8": (True, "CUSTOM", 1 * GiB, ["tight"]),
+    "proxima-1g-fp8-full": (True, "CUSTOM", 1 * GiB, ["tight"]),
+    "stock-triton-seeded-fp8": (False, "TRITON_ATTN", 2 * GiB, ["greedy"]),
+    "stock-fa3-seeded-fp8": (False, "FLASH_ATTN", 2 * GiB, ["greedy"]),
+    "proxima-seeded-fp8": (True, "CUSTOM", 2 * GiB, ["greedy"]),
+}
+SEEDED = {name for name in ENGINES if "-seeded" in name}
+FULL_GRAPHS = {name for name in ENGINES if name.endswith("-full")}
+FP8 = {name for name in ENGINES if "-fp8" in name}
+
+
+def build_seeded_model(path: Path) -> None:
+    from proxima.tiny_model import TinyModelSpec, build_tiny_model
+
+    if not (path / "model.safetensors").exists():
+        build_tiny_model(path, TinyModelSpec(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                                             num_attention_heads=16, num_key_value_heads=4, head_dim=128,
+                                             init_std=0.05, seed=1))
+
+
+def engine_spec(model: str, name: str) -> EngineSpec:
+    proxima, backend, kv_bytes, _ = ENGINES[name]
+    seeded = name in SEEDED
+    if seeded:
+        model = str(Path(model).parent / "seeded-model")
+    # Prefix caching at vLLM's default (on) for every engine, as users run stock. CUDA graphs:
+    # FULL for the *-full engines; the others name vLLM's default level, so that Proxima's get
+    # vLLM's default graphs too (proxima serve would otherwise choose FULL for them).
+    graphs = ({"compilation_config": {"cudagraph_mode": "FULL"}} if name in FULL_GRAPHS
+              else {"optimization_level": 2})
+    flags = vllm_flags(load_format="auto" if seeded else "dummy", dtype="bfloat16", max_model_len=2048,
+                       seed=0, kv_cache_memory_bytes=kv_bytes, max_num_seqs=512, attention_backend=backend,
+                       kv_cache_dtype="fp8" if name in FP8 else None,
+                       block_size=None if proxima is True else 16, **graphs)
+    variant = "token" if proxima is True else proxima or "stock"
+    # One client measuring the allocator: token-exact hit figures.
+    return EngineSpec(model, variant, flags, env={"PROXIMA_KV_FIGURES": "exact"})
+
+
+def prompts(n: int, seed: int, lo: int, hi: int) -> list[str]:
+    rng = random.Random(seed)
+    return [random_prompt(rng, lo, hi) for _ in range(n)]
+
+
+def workload(job_name: str, shared_prefix: bool):
+    """(requests, prompts, sampling params) of a throughput job."""
+    from vllm import SamplingParams, TokensPrompt
+
+    if job_name == "ample":
+        return 256, prompts(256, 2, 20, 120), SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    # short chat with exact lengths: prompts of 50-200 tokens, outputs of 20-100
+    n, rng = 512, random.Random(3)
+    system = [rng.randrange(3, 500) for _ in range(200)] if shared_prefix else []
+    lo, hi = (20, 100) if shared_prefix else (50, 200)
+    ps = [TokensPrompt(prompt_token_ids=system + [rng.randrange(3, 500)
+                                                  for _ in range(rng.randint(lo, hi))])
+          for _ in range(n)]
+    return n, ps, [SamplingParams(temperature=0, max_tokens=rng.randint(20, 100), ignore_eos=True)
+                   for _ in range(n)]
+
+
+def job(model: str, name: str, profile: bool = False, shared_prefix: bool = False) -> dict:
+    """One engine's jobs (run in a process of its own: see `run`)."""
+    from vllm import SamplingParams
+
+    proxima, backend, _, jobs = ENGINES[name]
+    timer = HostTimer() if profile else None
+    t0 = time.perf_counter()
+    with open_engine(engine_spec(model, name)) as engine:
+        result: dict = {"engine": name, "init_s": time.perf_counter() - t0}
+        llm, recorder = engine.llm, engine.recorder
+        if timer is not None:
+            watch_host(timer, engine, backend)
+        for job_name in jobs:
+            if job_name == "greedy":
+                outs = llm.generate(prompts(64, 1, 20, 120),
+                                    SamplingParams(temperature=0, max_tokens=64, logprobs=1, ignore_eos=True),
+                                    use_tqdm=False)
+                result["greedy"] = [{"tokens": list(o.outputs[0].token_ids),
+                                     "logprobs": [lp[t].logprob for lp, t in
+                                                  zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]}
+                                    for o in outs]
+                continue
+            n, ps, sp = workload(job_name, shared_prefix)
+            llm.generate(ps[:8], sp[:8] if isinstance(sp, list) else sp, use_tqdm=False)  # warm-up
+            recorder.reset()
+            if timer is not None:
+                timer.reset()
+            t = time.perf_counter()
+            outs = llm.generate(ps, sp, use_tqdm=False)
+            wall = time.perf_counter() - t
+            result[job_name] = throughput(recorder, outs, n, wall)
+            if timer is not None:
+                result[job_name]["host"] = timer.report(len(recorder.steps))
+            if proxima is True:  # the same workload again, untimed, reading each step's slot lists
+                tiles = ContextTiles(engine)
+                with engine.listening(tiles):
+                    llm.generate(ps, sp, use_tqdm=False)
+                result[job_name].update(tiles.shares())
+            if profile:
+                def again(ps=ps, sp=sp):
+                    return llm.generate(ps, sp, use_tqdm=False)
+
+                result[job_name]["kernels"] = kernel_profile(again)
+                result[job_name]["cprofile"] = host_profile(again)
+    if timer is not None:
+        timer.close()
+    return result
+
+
+def watch_host(timer: HostTimer, engine, backend: str) -> None:
+    """Host time of the scheduler's and the executor's step calls, and of eager attention."""
+    scheduler, executor = type(engine.scheduler), type(engine.core.model_executor)
+    impl = attention_impl(backend)
+    timer.watch(scheduler.schedule, "scheduler.schedule")
+    timer.watch(scheduler.update_from_output, "scheduler.update_from_output")
+    timer.watch(executor.execute_model, "executor.execute_model")
+    timer.watch(executor.sample_tokens, "executor.sample_tokens")
+    timer.watch(impl.forward, "attention forward (eager)")
+    timer.watch(impl.do_kv_cache_update, "kv write (eager)")
+
+
+def throughput(recorder, outs, requests: int, wall: float) -> dict:
+    """A timed run's figures: tok/s, running requests per step, preemptions and, from the KV
+    telemetry published meanwhile (at most one per PROXIMA_TELEMETRY_INTERVAL_S), requests and
+    slot efficiency."""
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    published = [s.kv for s in recorder.steps if s.kv is not None]
+    holding = [kv.requests_holding_slots for kv in published if kv.requests_holding_slots]
+    return {"requests": requests, "output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall,
+            "running_mean": recorder.running_mean(), "running_peak": recorder.running_peak(),
+            "preemptions": recorder.preemptions, "wrapper_steps": len(recorder.steps),
+            "recorded_steps": len(published),
+            "requests_mean": sum(holding) / max(1, len(holding)),
+            "requests_peak": max((kv.requests_holding_slots for kv in published), default=0),
+            "slot_efficiency": recorder.slot_efficiency(),
+            "slots_total": recorder.last_kv and recorder.last_kv.slots_total}
+
+
+def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_prefix: bool) -> None:
+    """Every engine (or those in `only`) in a fresh process, one after the other; then the summary."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not only or only & SEEDED:
+        build_seeded_model(Path(model).parent / "seeded-model")
+    for name in ENGINES:
+        if only and name not in only:
+            continue
+        log = out_dir / f"{name}.log"
+        log.unlink(missing_ok=True)
+        t = time.perf_counter()
+        try:
+            result = run_isolated(job, model, name, profile, shared_prefix, timeout=300, log_path=log)
+        except EngineProcessError as err:
+            print(f"{name}: failed in {time.perf_counter() - t:.0f}s\n{str(err)[-3000:]}", flush=True)
+            continue
+        (out_dir / f"{name}.json").write_text(json.dumps(result))
+        print(f"{name}: ok in {time.perf_counter() - t:.0f}s", flush=True)
+    summarize(out_dir, ENGINES)

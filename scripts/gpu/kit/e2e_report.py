@@ -1,0 +1,78 @@
+"""e2e.py's summary: greedy agreement between engines, throughput, and where a step's time went.
+
+Reads the per-engine JSON files `kit.e2e.run` wrote; pure Python (no GPU, no vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def summarize(out_dir: Path, engines) -> None:
+    res = {p.stem: json.loads(p.read_text()) for p in out_dir.glob("*.json") if p.stem in engines}
+    for ours, theirs in (("proxima-8g", "stock-triton-8g"), ("proxima-seeded", "stock-triton-seeded"),
+                         ("proxima-seeded", "stock-fa3-seeded"), ("stock-fa3-seeded", "stock-triton-seeded"),
+                         ("proxima-seeded-fp8", "stock-triton-seeded-fp8"),
+                         ("proxima-seeded-fp8", "stock-fa3-seeded-fp8"),
+                         ("stock-fa3-seeded-fp8", "stock-triton-seeded-fp8"),
+                         ("proxima-seeded-fp8", "proxima-seeded")):
+        if ours in res and theirs in res and "greedy" in res[ours]:
+            compare_greedy(ours, theirs, res[ours]["greedy"], res[theirs]["greedy"])
+    summarize_throughput(res)
+
+
+def compare_greedy(ours: str, theirs: str, a: list, b: list) -> None:
+    same_tokens = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra["tokens"], rb["tokens"]))
+    total = sum(len(r["tokens"]) for r in a)
+    identical = sum(ra["tokens"] == rb["tokens"] for ra, rb in zip(a, b))
+    first_div = [next((i for i, (x, y) in enumerate(zip(ra["tokens"], rb["tokens"])) if x != y), None)
+                 for ra, rb in zip(a, b)]
+    # Logprobs compared up to (excluding) the first divergence, where both saw the same prefix.
+    diffs = [abs(x - y) for ra, rb, d in zip(a, b, first_div)
+             for x, y in list(zip(ra["logprobs"], rb["logprobs"]))[: d if d is not None else None]]
+    distinct = len({t for r in a for t in r["tokens"]})
+    print(f"greedy {ours} vs {theirs}: {distinct} distinct tokens generated; "
+          f"{identical}/{len(a)} sequences identical; {same_tokens}/{total} positions equal; "
+          f"first divergences at {sorted(x for x in first_div if x is not None)[:10]}; "
+          f"max |logprob diff| before divergence {max(diffs, default=0):.4f}, "
+          f"mean {sum(diffs) / max(len(diffs), 1):.5f}")
+
+
+def summarize_throughput(res: dict) -> None:
+    for job in ("ample", "tight"):
+        for name, r in res.items():
+            if job in r:
+                j = r[job]
+                extra = ""
+                if j.get("recorded_steps"):
+                    extra = (f"  [telemetry: {j['recorded_steps']} publishes, "
+                             f"requests mean {j['requests_mean']:.1f} "
+                             f"peak {j['requests_peak']}, slot efficiency {j['slot_efficiency']:.3f}]")
+                print(f"{job:>6} {name:<16} tok/s {j['output_tok_s']:>9.0f}  "
+                      f"running mean {j['running_mean']:>6.1f} peak {j['running_peak']:>4}  "
+                      f"preemptions {j['preemptions']:>5}  wall {j['wall_s']:.1f}s "
+                      f"init {r['init_s']:.0f}s  wrapper steps {j.get('wrapper_steps')}{extra}")
+                summarize_profile(j)
+
+
+def summarize_profile(j: dict) -> None:
+    steps = max(j.get("wrapper_steps") or 1, 1)
+    if "host" in j:
+        print(f"         ms per step {1e3 * j['wall_s'] / steps:.2f}; host: " + "; ".join(
+            f"{label} {h['ms_per_step']:.2f} ms/step ({h['us_per_call']:.1f} us x {h['calls']})"
+            for label, h in j["host"].items()))
+    if "kernels" in j:
+        k = j["kernels"]
+        kinds = ", ".join(f"{kind} {ms / steps:.2f}" for kind, ms in sorted(k["gpu_ms_by_kind"].items()))
+        print(f"         GPU ms per step (profiled pass): total {k['gpu_ms_total'] / steps:.2f} = {kinds}; "
+              f"profiled wall {k['wall_ms'] / steps:.2f} ms/step")
+        for ms, count, kname in k["top_kernels"][:8]:
+            print(f"           {ms:9.1f} ms  x{count:<7} {kname}")
+    if "cprofile" in j:
+        print("         host self time under cProfile (third pass):")
+        lines = j["cprofile"].splitlines()
+        start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+        for line in lines[start:start + 26]:
+            print("           " + line.replace(str(Path(sys.prefix)), "")[:150])
