@@ -2,7 +2,8 @@
 weights, bf16), every engine through the engine harness in a process of its own; the engines,
 jobs and summary are kit/e2e.py's (greedy agreement, compute-bound and KV-bound throughput).
 
-usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile] [--shared-prefix]
+usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile] [--shared-prefix [N]]
+                                 [--no-tiles]
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ def main() -> None:
     p.add_argument("--only", default=None, help="comma-separated engine names (kit/e2e.py ENGINES)")
     p.add_argument("--profile", action="store_true",
                    help="also time the host per step, GPU kernels by kind and the busiest host functions")
-    p.add_argument("--shared-prefix", action="store_true",
-                   help="the tight job's requests share one 200-token system prompt")
+    p.add_argument("--shared-prefix", type=int, nargs="?", const=200, default=0, metavar="N",
+                   help="the tight job's requests share one N-token system prompt (200 if N is left out)")
+    p.add_argument("--no-tiles", action="store_true",
+                   help="skip Proxima's untimed pass counting contiguous KV tiles")
     args = p.parse_args()
     from kit import e2e
 
     only = set(args.only.split(",")) if args.only else None
     if only and only - set(e2e.ENGINES):
         p.error(f"unknown engines: {', '.join(sorted(only - set(e2e.ENGINES)))}")
-    e2e.run(args.model, args.out, only, args.profile, args.shared_prefix)
+    e2e.run(args.model, args.out, only, args.profile, args.shared_prefix, not args.no_tiles)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (after .gpu-bundle/device.sh install): kernel tests, decode microbenchmark,
 # end-to-end A/B. Logs and JSON go to $OUT.
-# usage: bash scripts/gpu/run.sh {kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8}
+# usage: bash scripts/gpu/run.sh {kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8|pth|e2e-pth}
 #        [e2e options: --only NAME,... --profile]
 set -uo pipefail
 source /tmp/gpu-env
@@ -30,6 +30,16 @@ fp8)  # fp8 KV kernel tests, then decode under graph replay: Proxima fp8 vs FA3 
     | tee "$out/fp8-kernel-tests.txt"
   bench bench_fp8 fp8-decode
   ;;
+pth)  # per-token-head KV kernel tests, then decode under graph replay: Proxima vs FA3 bf16 and stock int4/int8
+  python3 -m pytest -q -p no:cacheprovider tests/test_attention_per_token_head.py -k "triton or torch" 2>&1 \
+    | tail -5 | tee "$out/pth-kernel-tests.txt"
+  bench bench_pth pth-decode
+  ;;
+e2e-pth)  # the 1 GiB budget with int4 KV: Proxima vs stock int4 vs stock defaults (pass --shared-prefix 300 etc.)
+  shift
+  python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
+  python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e-pth" --no-tiles "$@" 2>&1 | tee -a "$out/e2e-pth.txt"
+  ;;
 e2e-fp8)  # the 1 GiB budget with fp8 KV (and the bf16 pair for reference), greedy fp8 on seeded weights
   shift
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
@@ -55,5 +65,6 @@ e2e)
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
   python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e" "$@" 2>&1 | tee "$out/e2e.txt"
   ;;
-*) echo "usage: run.sh kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8" >&2; exit 2 ;;
+*) echo "usage: run.sh kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8|pth|e2e-pth" >&2
+   exit 2 ;;
 esac

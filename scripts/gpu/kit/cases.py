@@ -30,6 +30,9 @@ DECODE_GRID = [(1, 2048), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 81
 # Decode replayed from CUDA graphs (bench_mixed.py, bench_fp8.py): (batch, context)
 GRAPH_DECODE = [(1, 2048), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (46, 300), (128, 1024),
                 (256, 2048), (512, 1024)]
+# Per-token-head KV decode (bench_pth.py): the graph grid, and the running batches a memory-bound
+# server holds (>= 64 requests, 1k-8k context).
+PTH_DECODE = GRAPH_DECODE + [(64, 1024), (64, 4096), (64, 8192), (128, 4096), (128, 8192), (256, 4096)]
 # name: [(query length, sequence length incl. the queries)] per request
 MIXED = {
     # The 1 GiB e2e run: ~46 running short chats, one new prompt (or recompute) per step.

@@ -18,8 +18,9 @@ nothing), from a second pass under torch.profiler GPU kernel time by kind (atten
 GEMM, other) against the wall time, and from a third under cProfile the host functions that
 took the most time (engine core, scheduler and runner share the process).
 
-With `shared_prefix`, the tight job's requests share one 200-token system prompt (user turns of
-20-100 tokens, outputs of 20-100), as chat traffic does: the prefix cache's case.
+With `shared_prefix` N > 0, the tight job's requests share one N-token system prompt (user turns of
+20-100 tokens, outputs of 20-100), as chat traffic does: the prefix cache's case. `tiles` False
+skips Proxima's untimed second pass that counts contiguous KV tiles.
 """
 
 from __future__ import annotations
@@ -70,10 +71,23 @@ ENGINES = {
     "stock-triton-seeded-fp8": (False, "TRITON_ATTN", 2 * GiB, ["greedy"]),
     "stock-fa3-seeded-fp8": (False, "FLASH_ATTN", 2 * GiB, ["greedy"]),
     "proxima-seeded-fp8": (True, "CUSTOM", 2 * GiB, ["greedy"]),
+    # vLLM 0.26's per-token-head KV (TRITON_ATTN only on stock; it does not run eagerly): int4
+    # packs two values a byte behind a Hadamard rotation, int8 one; each row has its own scale.
+    "stock-triton-1g-int4": (False, "TRITON_ATTN", 1 * GiB, ["tight"]),
+    "proxima-1g-int4-full": (True, "CUSTOM", 1 * GiB, ["tight"]),
+    "stock-triton-1g-int8": (False, "TRITON_ATTN", 1 * GiB, ["tight"]),
+    "proxima-1g-int8-full": (True, "CUSTOM", 1 * GiB, ["tight"]),
+    "stock-triton-seeded-int4": (False, "TRITON_ATTN", 2 * GiB, ["greedy"]),
+    "proxima-seeded-int4": (True, "CUSTOM", 2 * GiB, ["greedy"]),
 }
 SEEDED = {name for name in ENGINES if "-seeded" in name}
 FULL_GRAPHS = {name for name in ENGINES if name.endswith("-full")}
-FP8 = {name for name in ENGINES if "-fp8" in name}
+KV_DTYPES = {"-fp8": "fp8", "-int4": "int4_per_token_head", "-int8": "int8_per_token_head"}
+
+
+def kv_cache_dtype(name: str) -> str | None:
+    """The --kv-cache-dtype an engine runs with, from its name (None: the model's dtype)."""
+    return next((dtype for tag, dtype in KV_DTYPES.items() if tag in name), None)
 
 
 def build_seeded_model(path: Path) -> None:
@@ -97,7 +111,7 @@ def engine_spec(model: str, name: str) -> EngineSpec:
               else {"optimization_level": 2})
     flags = vllm_flags(load_format="auto" if seeded else "dummy", dtype="bfloat16", max_model_len=2048,
                        seed=0, kv_cache_memory_bytes=kv_bytes, max_num_seqs=512, attention_backend=backend,
-                       kv_cache_dtype="fp8" if name in FP8 else None,
+                       kv_cache_dtype=kv_cache_dtype(name),
                        block_size=None if proxima is True else 16, **graphs)
     variant = "token" if proxima is True else proxima or "stock"
     # One client measuring the allocator: token-exact hit figures.
@@ -109,7 +123,7 @@ def prompts(n: int, seed: int, lo: int, hi: int) -> list[str]:
     return [random_prompt(rng, lo, hi) for _ in range(n)]
 
 
-def workload(job_name: str, shared_prefix: bool):
+def workload(job_name: str, shared_prefix: int):
     """(requests, prompts, sampling params) of a throughput job."""
     from vllm import SamplingParams, TokensPrompt
 
@@ -117,7 +131,7 @@ def workload(job_name: str, shared_prefix: bool):
         return 256, prompts(256, 2, 20, 120), SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
     # short chat with exact lengths: prompts of 50-200 tokens, outputs of 20-100
     n, rng = 512, random.Random(3)
-    system = [rng.randrange(3, 500) for _ in range(200)] if shared_prefix else []
+    system = [rng.randrange(3, 500) for _ in range(shared_prefix)]
     lo, hi = (20, 100) if shared_prefix else (50, 200)
     ps = [TokensPrompt(prompt_token_ids=system + [rng.randrange(3, 500)
                                                   for _ in range(rng.randint(lo, hi))])
@@ -126,7 +140,7 @@ def workload(job_name: str, shared_prefix: bool):
                    for _ in range(n)]
 
 
-def job(model: str, name: str, profile: bool = False, shared_prefix: bool = False) -> dict:
+def job(model: str, name: str, profile: bool = False, shared_prefix: int = 0, tiles: bool = True) -> dict:
     """One engine's jobs (run in a process of its own: see `run`)."""
     from vllm import SamplingParams
 
@@ -159,7 +173,7 @@ def job(model: str, name: str, profile: bool = False, shared_prefix: bool = Fals
             result[job_name] = throughput(recorder, outs, n, wall)
             if timer is not None:
                 result[job_name]["host"] = timer.report(len(recorder.steps))
-            if proxima is True:  # the same workload again, untimed, reading each step's slot lists
+            if proxima is True and tiles:  # the same workload again, untimed, reading each step's slot lists
                 tiles = ContextTiles(engine)
                 with engine.listening(tiles):
                     llm.generate(ps, sp, use_tqdm=False)
@@ -204,7 +218,8 @@ def throughput(recorder, outs, requests: int, wall: float) -> dict:
             "slots_total": recorder.last_kv and recorder.last_kv.slots_total}
 
 
-def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_prefix: bool) -> None:
+def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_prefix: int,
+        tiles: bool = True) -> None:
     """Every engine (or those in `only`) in a fresh process, one after the other; then the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if not only or only & SEEDED:
@@ -216,7 +231,7 @@ def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_
         log.unlink(missing_ok=True)
         t = time.perf_counter()
         try:
-            result = run_isolated(job, model, name, profile, shared_prefix, timeout=300, log_path=log)
+            result = run_isolated(job, model, name, profile, shared_prefix, tiles, timeout=300, log_path=log)
         except EngineProcessError as err:
             print(f"{name}: failed in {time.perf_counter() - t:.0f}s\n{str(err)[-3000:]}", flush=True)
             continue
