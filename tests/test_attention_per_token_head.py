@@ -180,9 +180,7 @@ def oracle(pb: PTHBatch) -> torch.Tensor:
         scores = scores.masked_fill(torch.arange(seq_len)[None, :] > positions[:, None], float("-inf"))
         attended = torch.einsum("hql,lhd->qhd", torch.softmax(scores, dim=-1), values)
         if cache.fmt.packed:
-            from vllm.v1.attention.ops.int4_per_token_head import single_rht
-
-            attended = single_rht(attended, inverse=True) / head_size
+            attended = pth._single_rht(attended, inverse=True) / head_size  # float64, on the CPU
         out[start:end] = attended
     return out
 

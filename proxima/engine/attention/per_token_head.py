@@ -139,16 +139,34 @@ def cache_views(kv_cache: Tensor, fmt: PTHFormat, num_kv_heads: int, head_size: 
 
 def rotate(x: Tensor) -> Tensor:
     """vLLM's forward RHT of ``x`` (last dim a power of two), rounded back to ``x``'s dtype."""
-    from vllm.v1.attention.ops.int4_per_token_head import single_rht
-
-    return single_rht(x.float()).to(x.dtype)
+    return _single_rht(x.float()).to(x.dtype)
 
 
 def unrotate(x: Tensor) -> Tensor:
     """The inverse: vLLM's ``single_rht(x, inverse=True) / D``, in float32."""
-    from vllm.v1.attention.ops.int4_per_token_head import single_rht
+    return _single_rht(x.float(), inverse=True) / x.shape[-1]
 
-    return single_rht(x.float(), inverse=True) / x.shape[-1]
+
+def _single_rht(x: Tensor, inverse: bool = False) -> Tensor:
+    """vLLM's `single_rht`. On a CUDA machine vLLM sends every tensor to its CUDA Hadamard kernel,
+    CPU ones too (which that kernel refuses); those get vLLM's own CPU butterfly, written out here."""
+    from vllm.v1.attention.ops.int4_per_token_head import _get_rht_signs, single_rht
+
+    if x.is_cuda:
+        return single_rht(x, inverse=inverse)
+    signs = _get_rht_signs(x.shape[-1], 0, x.device)
+    return _butterfly(x) * signs if inverse else _butterfly(x * signs)
+
+
+def _butterfly(x: Tensor) -> Tensor:
+    """vLLM's PyTorch Walsh-Hadamard butterfly (`fast_hadamard_transform`'s CPU tier)."""
+    d, h = x.shape[-1], 1
+    while h < d:
+        xv = x.view(*x.shape[:-1], d // (2 * h), 2, h)
+        a, b = xv[..., 0, :], xv[..., 1, :]
+        x = torch.stack([a + b, a - b], dim=-2).reshape(x.shape)
+        h <<= 1
+    return x
 
 
 @functools.cache

@@ -177,3 +177,64 @@ def run(json_path: str | None) -> None:
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"copy_bandwidth_bytes_s": bandwidth, "pth_decode": results}, f, indent=1)
+
+
+# -- the int4 decode tile shape: which tile, warps and pipeline depth the quantised read wants --------
+
+SWEEP_POINTS = [(128, 4096), (32, 8192), (8, 32768)]
+SWEEP_SHAPES = [(n, w, s) for n in (16, 32, 64, 128) for w, s in ((4, 1), (4, 2), (4, 3), (8, 2), (8, 3))]
+
+
+def sweep_point(batch: int, ctx: int, name: str = "int4_per_token_head") -> dict:
+    """Every shape of SWEEP_SHAPES at the planner's split count, replayed from a graph: time,
+    registers, spills and the largest difference from the planner's own launch."""
+    from kit.timers import replay_us
+    from proxima.engine.attention.planning import TileConfig, choose_launch_shape
+    from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan
+
+    b = decode_batch(batch, ctx)
+    cache = slot_cache(b, name)
+    fa3_out, out, ref = (torch.empty_like(b.q) for _ in range(3))
+    fa3 = fa3_decode(b, b.q, b.k16, b.v16, fa3_out)
+    result = {"batch": batch, "context": ctx, "fa3_bf16_us": replay_us(fa3), "runs": []}
+    planned, splits = choose_launch_shape(b.q, cache.k_codes, b.slot_table, b.cu_q, None, None)
+    result["planned"] = {"block_n": planned.block_n, "warps": planned.num_warps, "stages": planned.num_stages,
+                         "splits": splits,
+                         "us": replay_us(proxima_call(b, cache, ref))}
+    for n, w, s in SWEEP_SHAPES:
+        tiles = TileConfig(16, n, w, s)
+        try:
+            plan = _launch_plan(b.q, cache.k_codes, cache.v_codes, b.slot_table, b.cu_q, b.seq_lens, SCALE,
+                                out, b.q.shape[0], tiles, splits, cache)
+
+            def run(plan=plan):
+                for launch, grid, args, key, options in plan:
+                    launch(grid, args, key, **options)
+
+            us = replay_us(run)
+            kernel = _launch_attention._compiled.get(plan[0][3])
+            result["runs"].append({"block_n": n, "warps": w, "stages": s, "us": us,
+                                   "regs": getattr(kernel, "n_regs", None),
+                                   "spills": getattr(kernel, "n_spills", None),
+                                   "max_abs_diff": float((out.float() - ref.float()).abs().max())})
+        except Exception as err:
+            error = f"{type(err).__name__}: {err}"[:160]
+            result["runs"].append({"block_n": n, "warps": w, "stages": s, "error": error})
+    return result
+
+
+def run_sweep(json_path: str | None) -> None:
+    results = []
+    for batch, ctx in SWEEP_POINTS:
+        r = sweep_point(batch, ctx)
+        results.append(r)
+        p = r["planned"]
+        print(f"{batch} x {ctx}: FA3 bf16 {r['fa3_bf16_us']:.1f} us; planned 16x{p['block_n']} w{p['warps']} "
+              f"s{p['stages']} splits {p['splits']}: {p['us']:.1f} us", flush=True)
+        for x in sorted(r["runs"], key=lambda x: x.get("us", 1e9)):
+            print(f"   16x{x['block_n']:<3} w{x['warps']} s{x['stages']}: "
+                  + (f"{x['us']:8.1f} us ({x['us'] / r['fa3_bf16_us']:.2f}x FA3)  regs {x['regs']} spills "
+                     f"{x['spills']}  diff {x['max_abs_diff']:.4f}" if "us" in x else x["error"]), flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
