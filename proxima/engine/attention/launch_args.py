@@ -45,24 +45,17 @@ def scale_args(
     return scales.k, scales.v, (True, int(per_head), float(torch.finfo(k_cache.dtype).max))
 
 
-# int4 codes read as 32-bit words and unpacked in registers (KV_CODES 3), or byte by byte with
-# each byte read twice (2). A module constant, not a switch read per call: the GPU benchmarks flip
-# it to time both.
-INT4_WORD_LOADS = True
-
-
 def code_args(
     scales: KVScales | PTHCache | None, query: Tensor,
 ) -> tuple[int, tuple[int, int], tuple[Tensor, Tensor]]:
     """KV_CODES (0: values, 1: int8/fp8 codes with per-(slot, head) scales, 2: int4), the scale
-    views' (slot, head) strides, and int4's rotation matrix and signs (``query`` stands in for
+    views' (slot, head) strides, and int4's Hadamard matrix and signs (``query`` stands in for
     them otherwise: never read)."""
     if not isinstance(scales, PTHCache):
         return 0, (0, 0), (query, query)
     strides = scales.k_scales.stride()
     if scales.fmt.packed:
-        words = INT4_WORD_LOADS
-        return 3 if words else 2, strides, rht_matrices(scales.head_size, query.device, natural=words)
+        return 2, strides, rht_matrices(scales.head_size, query.device)
     return 1, strides, (query, query)
 
 

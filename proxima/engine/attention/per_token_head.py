@@ -148,13 +148,13 @@ def unrotate(x: Tensor) -> Tensor:
 
 
 def _single_rht(x: Tensor, inverse: bool = False) -> Tensor:
-    """vLLM's `single_rht`. On a CUDA machine vLLM sends every tensor to its CUDA Hadamard kernel,
-    CPU ones too (which that kernel refuses); those get vLLM's own CPU butterfly, written out here."""
-    from vllm.v1.attention.ops.int4_per_token_head import _get_rht_signs, single_rht
+    """vLLM's `single_rht` in its CPU form (the butterfly below), on any device and in the input's
+    precision. vLLM's own function sends every tensor to its CUDA Hadamard kernel on a CUDA machine,
+    CPU ones too (which that kernel refuses), and rounds float32 to bf16 there; the writer on CUDA
+    calls vLLM (its bytes), the torch attention and tests call this."""
+    from vllm.v1.attention.ops.int4_per_token_head import _get_rht_signs
 
-    if x.is_cuda:
-        return single_rht(x, inverse=inverse)
-    signs = _get_rht_signs(x.shape[-1], 0, x.device)
+    signs = _get_rht_signs(x.shape[-1], 0, torch.device("cpu")).to(device=x.device, dtype=x.dtype)
     return _butterfly(x) * signs if inverse else _butterfly(x * signs)
 
 
@@ -170,19 +170,13 @@ def _butterfly(x: Tensor) -> Tensor:
 
 
 @functools.cache
-def rht_matrices(head_size: int, device: torch.device, natural: bool = True) -> tuple[Tensor, Tensor]:
-    """What the Triton kernels need to rotate in-kernel: Hp ``[D, D]`` float32 with
-    ``Hp[i, j] = H[perm(i), j]`` (H vLLM's unnormalised Walsh-Hadamard matrix, perm(i) the natural
-    position of the kernel's position i: i itself when ``natural``, else the byte-read order,
-    ``2 i`` for i < D/2 and ``2 (i - D/2) + 1`` after), and vLLM's sign vector. Built once per
-    head size, order and device."""
+def rht_matrices(head_size: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """What the Triton kernels need to rotate in-kernel: vLLM's unnormalised Walsh-Hadamard
+    matrix ``[D, D]`` (Sylvester order, float32) and its sign vector. Once per head size and device."""
     from vllm.v1.attention.ops.int4_per_token_head import _get_hadamard_matrix, _get_rht_signs
 
-    half = head_size // 2
-    order = (torch.arange(head_size) if natural
-             else torch.cat((torch.arange(half) * 2, torch.arange(half) * 2 + 1)))
     hadamard = _get_hadamard_matrix(head_size, torch.float32, torch.device("cpu"))
-    return (hadamard[order].contiguous().to(device),
+    return (hadamard.contiguous().to(device),
             _get_rht_signs(head_size, 0, torch.device("cpu")).float().contiguous().to(device))
 
 

@@ -114,42 +114,35 @@ def _attend_kv_tiles(
 
     ``KV_CODES`` 1 or 2 (per-token-head caches, ``per_token_head.py``): K/V are codes with a
     float32 scale per (slot, head) at ``ks_head_ptr`` / ``vs_head_ptr``. The scales are applied
-    to the scores' columns and to P's columns, never to a tile; int4 (2) reads each byte twice,
-    low nibble for positions [0, D/2) and high nibble for [D/2, D) (the queries come in that
-    order), and subtracts the zero points the same way: q . (k - zk) = q . k - zk * sum(q),
-    P (v - zv) = P v - (P zv). ``KV_CODES`` 3 is int4 read as 32-bit words (``k_head_ptr`` and
-    ``v_head_ptr`` int32; a word holds positions 8w..8w+7, low nibble first), unpacked in registers
-    into natural order."""
+    to the scores' columns and to P's columns, never to a tile. int4 (2) reads its codes as 32-bit
+    words (``k_head_ptr`` / ``v_head_ptr`` int32; word w holds positions 8w..8w+7, low nibble
+    first: 4-byte loads, since a record's bytes are only 8-byte aligned) and unpacks them in
+    registers; its zero points are subtracted the same way: q . (k - zk) = q . k - zk * sum(q),
+    P (v - zv) = P v - (P zv). Measured against reading each byte twice on the H200
+    (docs/results/h200-2026-12-03/decode): the same time or up to 5% less."""
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     d_ok = offs_d < HEAD_SIZE
     if KV_CODES == 2:
-        byte = offs_d % (HEAD_SIZE // 2)
-        shift = (offs_d // (HEAD_SIZE // 2)) * 4
-    elif KV_CODES == 3:
         offs_w = tl.arange(0, HEAD_SIZE // 8)
         shift = (offs_d % 8) * 4
-    else:
-        byte = offs_d
     for tile in range(tile_start, tile_end):
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < seq_len
         # Table entries at or past seq_len are garbage: masked, never dereferenced.
         slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
-        if KV_CODES == 3:
+        if KV_CODES == 2:
             words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None],
                             other=0)
             k = tl.trans(_nibbles(words, shift))  # [D, BLOCK_N]
         else:
-            k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + byte[:, None],
+            k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + offs_d[:, None],
                         mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, BLOCK_N]
-        if KV_CODES == 2:
-            k = (k >> shift[:, None]) & 0xF
         s = tl.dot(q, k.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         if KV_CODES == 0:
             s = s * qk_scale
         else:
             k_scale = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0)
-            if KV_CODES >= 2:  # the zero point rides in the scale's 4 low mantissa bits
+            if KV_CODES == 2:  # the zero point rides in the scale's 4 low mantissa bits
                 bits = k_scale.to(tl.int32, bitcast=True)
                 s = s - q_sum[:, None] * (bits & 0xF).to(tl.float32)[None, :]
                 k_scale = (bits & -16).to(tl.float32, bitcast=True)
@@ -162,23 +155,21 @@ def _attend_kv_tiles(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if KV_CODES == 3:
+        if KV_CODES == 2:
             words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None],
                             other=0)
             v = _nibbles(words, shift)  # [BLOCK_N, D]
         else:
-            v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + byte[None, :],
+            v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_d[None, :],
                         mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
         if KV_CODES != 0:  # l_i took P unscaled above: P's columns carry V's scales from here on
             v_scale = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0)
             if KV_CODES == 2:
-                v = (v >> shift[None, :]) & 0xF
-            if KV_CODES >= 2:
                 bits = v_scale.to(tl.int32, bitcast=True)
                 v_scale = (bits & -16).to(tl.float32, bitcast=True)
             p = p * v_scale[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        if KV_CODES >= 2:
+        if KV_CODES == 2:
             acc -= tl.sum(p * (bits & 0xF).to(tl.float32)[None, :], 1)[:, None]
         m_i = m_new
     return acc, l_i, m_i
@@ -194,18 +185,43 @@ def _nibbles(words, shift):
 
 
 @triton.jit
+def _hadamard_block(x, rht_ptr, N: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, SPLIT_HI: tl.constexpr):
+    """``x @ H_N`` (float32 out) for ``x`` [M, N] float32; H_N is the top-left block of the head's
+    Walsh-Hadamard matrix at ``rht_ptr``. ``SPLIT_HI``: x enters as hi + lo halves of DOT_DTYPE
+    (~16 mantissa bits from bf16), for an accumulator that bf16 alone would round."""
+    offs = tl.arange(0, N)
+    h = tl.load(rht_ptr + offs[:, None] * HEAD_SIZE_PAD + offs[None, :]).to(DOT_DTYPE)
+    hi = x.to(DOT_DTYPE)
+    out = tl.dot(hi, h, input_precision=DOT_PRECISION)
+    if SPLIT_HI:
+        out += tl.dot((x - hi.to(tl.float32)).to(DOT_DTYPE), h, input_precision=DOT_PRECISION)
+    return out
+
+
+@triton.jit
+def _hadamard(x, rht_ptr, HEAD_SIZE_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              SPLIT_HI: tl.constexpr):
+    """``x @ H`` for ``x`` [M, D] float32. Past 128 columns, one split (H_2n = [[H_n, H_n], [H_n,
+    -H_n]]: [a | b] H_2n = [(a + b) H_n | (a - b) H_n]) keeps the matrix tile at 128 x 128."""
+    if HEAD_SIZE_PAD > 128:
+        rows: tl.constexpr = x.shape[0]
+        half: tl.constexpr = HEAD_SIZE_PAD // 2
+        a, b = tl.split(tl.permute(tl.reshape(x, [rows, 2, half]), [0, 2, 1]))
+        left = _hadamard_block(a + b, rht_ptr, half, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
+        right = _hadamard_block(a - b, rht_ptr, half, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
+        return tl.reshape(tl.permute(tl.join(left, right), [0, 2, 1]), [rows, HEAD_SIZE_PAD])
+    return _hadamard_block(x, rht_ptr, HEAD_SIZE_PAD, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
+
+
+@triton.jit
 def _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, Q_DTYPE: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """vLLM's int4 query rotation (signs, then the Walsh-Hadamard transform), rounded to the
-    model dtype as vLLM rounds it, in the nibble order of ``_attend_kv_tiles``; and the rows' sums.
-
-    ``rht_ptr`` holds Hp [D, D] (row-major): Hp[i, j] = H[perm(i), j], perm(i) the natural position
-    of permuted position i. So rotated-and-permuted q = (q * signs) @ Hp^T."""
-    offs = tl.arange(0, HEAD_SIZE_PAD)
-    signs = tl.load(signs_ptr + offs)
-    hp_t = tl.load(rht_ptr + offs[:, None] + offs[None, :] * HEAD_SIZE_PAD)
-    rotated = tl.dot((q.to(tl.float32) * signs[None, :]).to(DOT_DTYPE), hp_t.to(DOT_DTYPE),
-                     input_precision=DOT_PRECISION)
+    model dtype as vLLM rounds it; and the rows' sums (for the zero points)."""
+    signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
+    rotated = _hadamard(q.to(tl.float32) * signs[None, :], rht_ptr, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION,
+                        False)
     rotated = rotated.to(Q_DTYPE).to(DOT_DTYPE)
     return rotated, tl.sum(rotated.to(tl.float32), 1)
 
@@ -214,15 +230,9 @@ def _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, Q_DTYPE:
 def _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, ROT_DTYPE: tl.constexpr,
               DOT_PRECISION: tl.constexpr):
     """The inverse of ``_rotate_queries`` on an accumulator (linear: partials and unnormalised
-    sums alike): vLLM's ``single_rht(x, inverse=True) / D``, back in natural order. float32 in
-    two bf16 halves (hi + lo) on the GPU: ~16 mantissa bits, in bf16's range."""
-    offs = tl.arange(0, HEAD_SIZE_PAD)
-    hp = tl.load(rht_ptr + offs[:, None] * HEAD_SIZE_PAD + offs[None, :]).to(ROT_DTYPE)
-    hi = acc.to(ROT_DTYPE)
-    out = tl.dot(hi, hp, input_precision=DOT_PRECISION)
-    if ROT_DTYPE != tl.float32:
-        out += tl.dot((acc - hi.to(tl.float32)).to(ROT_DTYPE), hp, input_precision=DOT_PRECISION)
-    signs = tl.load(signs_ptr + offs)
+    sums alike): vLLM's ``single_rht(x, inverse=True) / D``."""
+    out = _hadamard(acc, rht_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION, ROT_DTYPE != tl.float32)
+    signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
     return out * (signs / HEAD_SIZE_PAD)[None, :]
 
 
@@ -258,7 +268,7 @@ def _attend_query_tile(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
     q_abs_pos = context + q_idx
     q_sum = None
-    if KV_CODES >= 2:
+    if KV_CODES == 2:
         q, q_sum = _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD, q_ptr.dtype.element_ty, DOT_DTYPE,
                                    DOT_PRECISION)
 
@@ -315,7 +325,7 @@ def _attend_query_tile(
             k_scale_ptr + kv_head * stride_ks_h, v_scale_ptr + kv_head * stride_ks_h, stride_ks_s, q_sum,
             KV_CODES,
         )
-    if KV_CODES >= 2:
+    if KV_CODES == 2:
         acc = _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION)
     if QUANT:  # P (v_scale * V) == v_scale * (P V); partials too, so the merge stays as is
         acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
@@ -469,7 +479,7 @@ def _launch_plan(
         ws_strides = (*acc_ws.stride()[:3], *m_ws.stride()[:2])
     k_scale, v_scale, quant = scale_args(kv_scales, k_cache)
     codes, scale_strides, (rht, signs) = code_args(kv_scales, query)
-    if codes == 3:  # int4 read as words: the kernel takes int32 views of the same codes
+    if codes == 2:  # int4 read as words: the kernel takes int32 views of the same codes
         k_cache, v_cache = kv_scales.k_words, kv_scales.v_words
     dense_kv = tiles.dense_kv and not codes and dense_kv_ok(query, k_cache, v_cache, head_size)
     # Without dense reads the caches stand in for the descriptors (never read: compiled away).
@@ -478,7 +488,7 @@ def _launch_plan(
     # Launch arguments in the kernel's parameter order, constexprs last (see kernel_launch.py).
     tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws,
                k_scale, v_scale, rht, signs)
-    if codes >= 2:  # int4 attends in vLLM's rotated space, whose dot products are D times larger
+    if codes == 2:  # int4 attends in vLLM's rotated space, whose dot products are D times larger
         scale = scale / head_size
     runtime = (float(scale) * _LOG2_E, num_requests, row_limit, num_splits)  # not specialized on
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1),

@@ -8,8 +8,7 @@ bf16 for FA3 (and Proxima bf16), vLLM's stock TRITON_ATTN layout (16-token block
 both through vLLM's own writer, so the two quantised caches hold the same bytes. Timed, each
 replayed from a graph captured once:
 
-- Proxima int4 (codes read as words, the rotation fused into the kernel) and, for the A/B of the
-  read, the byte-read variant;
+- Proxima int4 (codes read as 32-bit words, the rotation fused into the kernel) and int8;
 - stock int4 (and int8): vLLM's `unified_attention` with its per-token-head path, its 3-D (split)
   launch below 16 requests as TRITON_ATTN's metadata builder sets it (int4: with the query and
   output rotations vLLM runs around its kernel);
@@ -29,7 +28,6 @@ from kit.calls import fa3_decode
 from kit.cases import PTH_DECODE, SCALE, decode_batch
 from kit.layouts import BLOCK, HKV, HQ, D
 from kit.timers import copy_bandwidth, graph_us
-from proxima.engine.attention import launch_args
 from proxima.engine.attention import per_token_head as pth
 from proxima.engine.attention.reference import slot_attention_torch
 from proxima.engine.attention.triton_attention import slot_attention_triton
@@ -96,12 +94,9 @@ def slot_cache(b, name: str) -> pth.PTHCache:
     return cache
 
 
-def proxima_call(b, cache: pth.PTHCache, out: torch.Tensor, word_loads: bool = True):
-    def run():
-        launch_args.INT4_WORD_LOADS = word_loads
-        slot_attention_triton(b.q, cache.k_codes, cache.v_codes, b.slot_table, b.cu_q, b.seq_lens, SCALE, out,
-                              kv_scales=cache)
-    return run
+def proxima_call(b, cache: pth.PTHCache, out: torch.Tensor):
+    return lambda: slot_attention_triton(b.q, cache.k_codes, cache.v_codes, b.slot_table, b.cu_q, b.seq_lens,
+                                         SCALE, out, kv_scales=cache)
 
 
 def pth_case(batch: int, ctx: int, names=("int4_per_token_head", "int8_per_token_head")) -> dict:
@@ -125,10 +120,6 @@ def pth_case(batch: int, ctx: int, names=("int4_per_token_head", "int8_per_token
         cache = slot_cache(b, name)
         outs[f"proxima_{tag}"] = torch.empty_like(b.q)
         timed(f"proxima_{tag}", proxima_call(b, cache, outs[f"proxima_{tag}"]))
-        if tag == "int4":
-            outs["proxima_int4_bytes"] = torch.empty_like(b.q)
-            timed("proxima_int4_bytes", proxima_call(b, cache, outs["proxima_int4_bytes"], word_loads=False))
-            launch_args.INT4_WORD_LOADS = True
         stock = stock_cache(b, name)
         outs[f"stock_{tag}"] = torch.empty_like(b.q)
         # vLLM's int4 path rotates the queries and the output itself, around its kernel.
@@ -150,8 +141,7 @@ def run(json_path: str | None) -> None:
     bandwidth = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}; Hq={HQ} Hkv={HKV} D={D}; CUDA-graph replay, median us; "
           f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    cols = ("fa3_bf16", "proxima_bf16", "proxima_int4", "proxima_int4_bytes", "stock_int4", "proxima_int8",
-            "stock_int8")
+    cols = ("fa3_bf16", "proxima_bf16", "proxima_int4", "stock_int4", "proxima_int8", "stock_int8")
     print(f"{'batch':>5} {'ctx':>6} " + " ".join(f"{c:>12}" for c in cols)
           + f" {'px4/fa3':>8} {'px4/st4':>8} {'px8/st8':>8} {'px4 TB/s':>8} {'px4-ref':>8} {'px4-st4':>8}")
     results = []
