@@ -2,7 +2,8 @@
 (kit/mixed.py), and the attention regression guard over their ratios (kit/ratio_guard.py).
 
 usage: python scripts/gpu/bench_mixed.py [--json OUT] [--guard FILE | --record FILE]
-                                         [--include FP8.json]   (needs CUDA and vLLM 0.26)
+                                         [--include FP8.json] [--include PTH.json]
+       (needs CUDA and vLLM 0.26)
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ def main() -> int:
     guard.add_argument("--guard", default=None,
                        help="recorded ratios to check this run against (exit 1 past 10%%)")
     guard.add_argument("--record", default=None, help="write this run's ratios here")
-    p.add_argument("--include", default=None, help="bench_fp8.py's JSON, guarded with this run")
+    p.add_argument("--include", action="append", default=None,
+                   help="bench_fp8.py's or bench_pth.py's JSON, guarded with this run (repeatable)")
     args = p.parse_args()
     from kit import mixed
 

@@ -19,9 +19,11 @@ kernels)
   bench bench_decode decode
   ;;
 mixed) bench bench_mixed mixed ;;
-guard)  # decode grid (bf16, fp8), mixed and prefill cases as ratios to FA3 in this run; exit 1 past 10% worse
+guard)  # decode grid (bf16, fp8, int4), mixed and prefill cases as ratios in this run; exit 1 past 10% worse
   python3 scripts/gpu/bench_fp8.py --json "$out/guard-fp8.json" >/dev/null 2>&1
+  python3 scripts/gpu/bench_pth.py --json "$out/guard-pth.json" >/dev/null 2>&1
   python3 scripts/gpu/bench_mixed.py --json "$out/guard.json" --include "$out/guard-fp8.json" \
+    --include "$out/guard-pth.json" \
     --guard scripts/gpu/attention_ratios.json 2>&1 | grep -v Warning | tee "$out/guard.txt"
   exit "${PIPESTATUS[0]}"
   ;;

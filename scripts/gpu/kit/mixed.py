@@ -94,7 +94,7 @@ def _fmt(x) -> str:
     return f"{x:8.1f}" if isinstance(x, float) else f"{'-':>8}"
 
 
-def run(json_path: str | None, guard: str | None, record: str | None, include: str | None) -> int:
+def run(json_path: str | None, guard: str | None, record: str | None, include: list[str] | None) -> int:
     """Both tables; the run's JSON to `json_path`; with `guard`, 1 when a ratio regressed."""
     print(f"device {torch.cuda.get_device_name()}; bf16, Hq={HQ} Hkv={HKV} D={D}; vLLM at block {BLOCK}")
     print("\nMixed and prefill batches, per layer (us): attention GPU | write+attention GPU | "
@@ -137,9 +137,13 @@ def run(json_path: str | None, guard: str | None, record: str | None, include: s
     if json_path:
         with open(json_path, "w") as f:
             json.dump(run, f, indent=1)
-    if include:
-        with open(include) as f:
-            run["fp8_graph_decode"] = json.load(f)["graph_decode"]
+    for path in include or ():
+        with open(path) as f:
+            extra = json.load(f)
+        if "pth_decode" in extra:  # bench_pth.py's
+            run["pth_decode"] = extra["pth_decode"]
+        else:  # bench_fp8.py's
+            run["fp8_graph_decode"] = extra["graph_decode"]
     measured = ratio_guard.ratios(run)
     if record:
         where = f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}"

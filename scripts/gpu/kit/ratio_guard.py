@@ -5,7 +5,8 @@ H200s whose clocks differ by a few percent, where raw microseconds do not. A cas
 its ratio exceeds the recorded one by more than the tolerance (10%); a case measured now but not
 recorded is reported as new, and one recorded but missing now fails (a shape no longer measured
 is a shape no longer guarded). `scripts/gpu/bench_mixed.py --guard FILE` runs this; `--record
-FILE` writes the ratios of a run; `--include FP8.json` adds bench_fp8.py's decode grid.
+FILE` writes the ratios of a run; `--include FP8.json` adds bench_fp8.py's decode grid,
+`--include PTH.json` bench_pth.py's int4 grid (against stock's int4 kernel).
 Pure Python: tested on CPU (tests/test_gpu_ratio_guard.py).
 """
 
@@ -50,6 +51,9 @@ def ratios(result: dict) -> dict[str, float]:
     for r in result.get("fp8_graph_decode", []):  # bench_fp8.py's, against FA3 fp8
         put(f"fp8 graph decode {r['batch']} x {r['context']}", r.get("proxima_fp8_graph_us"),
             r.get("fa3_fp8_graph_us"))
+    for r in result.get("pth_decode", []):  # bench_pth.py's: int4 against stock int4 (TRITON_ATTN)
+        put(f"int4 graph decode {r['batch']} x {r['context']} (vs stock int4)",
+            r.get("proxima_int4_graph_us"), r.get("stock_int4_graph_us"))
     return out
 
 
