@@ -135,7 +135,7 @@ def cache_views(kv_cache: Tensor, fmt: PTHFormat, num_kv_heads: int, head_size: 
                     scale_view(half + codes))
 
 
-# -- the randomized Hadamard rotation of int4 (vLLM's own function: the same bytes) -------------
+# -- the randomized Hadamard rotation of int4, as vLLM computes it --------------------------------
 
 def rotate(x: Tensor) -> Tensor:
     """vLLM's forward RHT of ``x`` (last dim a power of two), rounded back to ``x``'s dtype."""
