@@ -11,7 +11,11 @@ Scenarios (what each engine must answer token for token as the other does):
              shared within the burst while the first request is still computing it;
   general    8 everyday questions at once under the model's own default system prompt;
   multiturn  4 conversations, second turn resending the first question, the answer and a new
-             question (a cached prompt *and* answer are reused).
+             question (a cached prompt *and* answer are reused);
+  passages   8 passages of the accuracy text (proxima/accuracy_corpus.py, ~3,300 tokens), scored
+             teacher-forced: vLLM's top-20 `prompt_logprobs` at every position. Free-running
+             greedy answers cannot compare two fp8 engines exactly (see
+             tests/test_real_model_equivalence.py); next-token distributions on one fixed text can.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 
 import httpx
 
+from proxima.accuracy_corpus import passages
 from proxima.chat_prompts import GENERAL_QUESTIONS, SUPPORT_QUESTIONS, general_chat, support_chat
 from proxima.load import Completion, LoadDriver
 from proxima.scrape import scrape
@@ -40,6 +45,8 @@ RUNS = {
 }
 MAX_TOKENS = 48
 TIMEOUT_S = 600.0
+TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
+NUM_PASSAGES, PASSAGE_CHARS = 8, 1200  # 300-534 tokens each with SmolLM2's tokenizer
 
 
 def _ids(done: list[Completion]) -> list[list[int]]:
@@ -48,14 +55,15 @@ def _ids(done: list[Completion]) -> list[list[int]]:
     return [list(c.token_ids) for c in done]
 
 
-async def run_scenarios(url: str, model: str) -> dict:
-    """Every scenario's greedy token ids, and the server's KV figures after each (via /metrics)."""
+async def run_scenarios(url: str, model: str, concurrency: int | None = None) -> dict:
+    """Every scenario's greedy token ids, and the server's KV figures after each (via /metrics).
+    `concurrency`: requests in flight at once (default: each scenario's whole burst)."""
     out: dict = {}
     async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
         driver = LoadDriver(client, url, model)
 
         async def burst(chats: list[list[dict[str, str]]]) -> list[Completion]:
-            return await driver.each_chat_once([(c, MAX_TOKENS) for c in chats], len(chats),
+            return await driver.each_chat_once([(c, MAX_TOKENS) for c in chats], concurrency or len(chats),
                                                timeout=TIMEOUT_S)
 
         async def after() -> dict:
@@ -82,4 +90,17 @@ async def run_scenarios(url: str, model: str) -> dict:
         second = await burst([c + [{"role": "assistant", "content": a.text}, {"role": "user", "content": q}]
                               for c, a, q in zip(convs, first, follow_ups)])
         out["multiturn"] = {"outputs": [_ids(first), _ids(second)], "after": await after()}
+
+        out["passages"] = {"scored": [await _score(client, url, model, text)
+                                      for text in passages(NUM_PASSAGES, PASSAGE_CHARS)]}
     return out
+
+
+async def _score(client: httpx.AsyncClient, url: str, model: str, text: str) -> dict:
+    """One passage's prompt token ids and vLLM's prompt logprobs (JSON form), teacher-forced."""
+    response = await client.post(f"{url}/v1/completions", json={
+        "model": model, "prompt": text, "max_tokens": 1, "temperature": 0,
+        "prompt_logprobs": TOP_LOGPROBS, "return_token_ids": True})
+    assert response.status_code == 200, response.text[:500]
+    choice = response.json()["choices"][0]
+    return {"prompt_token_ids": choice["prompt_token_ids"], "prompt_logprobs": choice["prompt_logprobs"]}
