@@ -42,6 +42,7 @@ RUNS = {
     "stock": ("stock", ("--block-size", "32")),
     "token-fp8": ("token", ("--kv-cache-dtype", "fp8")),
     "stock-fp8": ("stock", ("--block-size", "32", "--kv-cache-dtype", "fp8")),
+    "stock-fp8-b16": ("stock", ("--block-size", "16", "--kv-cache-dtype", "fp8")),
 }
 MAX_TOKENS = 48
 TIMEOUT_S = 600.0
@@ -55,9 +56,10 @@ def _ids(done: list[Completion]) -> list[list[int]]:
     return [list(c.token_ids) for c in done]
 
 
-async def run_scenarios(url: str, model: str, concurrency: int | None = None) -> dict:
+async def run_scenarios(url: str, model: str, concurrency: int | None = None, score: bool = True) -> dict:
     """Every scenario's greedy token ids, and the server's KV figures after each (via /metrics).
-    `concurrency`: requests in flight at once (default: each scenario's whole burst)."""
+    `concurrency`: requests in flight at once (default: each scenario's whole burst); `score`:
+    also score the passages."""
     out: dict = {}
     async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
         driver = LoadDriver(client, url, model)
@@ -91,8 +93,9 @@ async def run_scenarios(url: str, model: str, concurrency: int | None = None) ->
                               for c, a, q in zip(convs, first, follow_ups)])
         out["multiturn"] = {"outputs": [_ids(first), _ids(second)], "after": await after()}
 
-        out["passages"] = {"scored": [await _score(client, url, model, text)
-                                      for text in passages(NUM_PASSAGES, PASSAGE_CHARS)]}
+        if score:
+            out["passages"] = {"scored": [await _score(client, url, model, text)
+                                          for text in passages(NUM_PASSAGES, PASSAGE_CHARS)]}
     return out
 
 
