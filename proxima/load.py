@@ -144,9 +144,9 @@ class LoadDriver:
         """One /v1/chat/completions request: the model's chat template, ending at its end of turn
         (or `max_tokens`). Never raises for a server's failure (cancellation passes)."""
         body = chat_body(self.model, messages, max_tokens, temperature=temperature, seed=seed)
-        return await self._send(chat_url(self.url), body, timeout)
+        return await self._send(chat_url(self.url), body, timeout, chat=True)
 
-    async def _send(self, endpoint: str, body: dict, timeout: float) -> Completion:
+    async def _send(self, endpoint: str, body: dict, timeout: float, chat: bool = False) -> Completion:
         start = time.perf_counter()
         try:
             response = await self.client.post(endpoint, json=body, timeout=timeout)
@@ -161,7 +161,7 @@ class LoadDriver:
             data = response.json()
             choice = data["choices"][0]
             usage = data.get("usage") or {}
-            text = choice["message"]["content"] if "message" in choice else choice.get("text")
+            text = choice["message"]["content"] if chat else choice.get("text")
         except (ValueError, KeyError, IndexError, TypeError) as err:
             return Completion(ok=False, error=f"unexpected response: {err}", latency_s=latency)
         ids = choice.get("token_ids")
