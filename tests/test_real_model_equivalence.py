@@ -5,7 +5,7 @@ The tiny model's tests (test_engine_equivalence.py, test_engine_fp8.py) cover pr
 and aborts on random weights; here SmolLM2-135M-Instruct in float32, where ties between the two
 best tokens are rare, so equal greedy answers mean equal attention, not equal rounding luck. The
 work is tests/real_model_scenarios.py's, over HTTP (the engine harness will take these runs in
-process). Servers start two at a time (each holds about 4.5 GB across its processes, and the
+process). Servers start two at a time (each holds about 3 GB (PSS) across its processes, and the
 session's tiny-model servers may still be up):
   token + stock              Proxima (token slots, prefix cache on) / stock vLLM (block 32, on)
   token-fp8 + stock-fp8      the same, fp8 (e4m3) KV cache
@@ -33,7 +33,9 @@ from proxima.accuracy import PositionLogprobs, from_vllm, greedy_agreement, kl_s
 from proxima.server_process import ManagedServer, ServerSpec
 from tests.real_model_scenarios import RUNS, SERVER_ARGS, run_scenarios
 
-pytestmark = pytest.mark.engine
+# The module's one fixture starts five servers in turn, and pytest-timeout charges it all to the
+# first test: 12 minutes on the shared 2 cores at load 10-15 (the suite's default limit is 15).
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(2700)]
 
 GROUPS = (("token", "stock"), ("token-fp8", "stock-fp8"), ("token-nocache",))
 SCORED = ("token", "stock", "token-fp8", "stock-fp8")
