@@ -16,8 +16,8 @@ kernels differ in the last float32 bits (Proxima's batched torch and vLLM's C++ 
 another order: |logprob difference| up to 1.9e-5 here in float32); the next layer's K and V
 inherit those bits, and where a value sits on an fp8 rounding boundary the stored code moves by
 a whole e4m3 step (6-12%). Measured 2026-12-03: Proxima fp8 and stock fp8 gave the same greedy
-answer to 15 of 32 chats, stock fp8 at block 32 and at block 16 (vLLM's "vec" and "vec16" CPU
-kernels) to docs/benchmarks.md's figure, and each fp8 engine to float32's only 4 of 32. So the
+answer to 15 of 32 chats (stock fp8 at blocks 32 and 64, one kernel, to all 32), and each fp8
+engine to float32's only 4 of 32 (docs/benchmarks.md, "Real model"). So the
 fp8 comparison is teacher-forced: next-token distributions over one fixed text, where the two fp8
 engines must be far closer to each other than fp8 is to float32.
 """
