@@ -2,10 +2,10 @@
 
 Written for this project (no third-party text). `SUPPORT_SYSTEM_PROMPT` is a believable shop
 assistant's instructions, long enough (414 tokens with SmolLM2's tokenizer, ~430 inside the chat
-template) that sharing it is what a prefix cache is for; `SUPPORT_QUESTIONS` are what that shop's customers ask;
-`GENERAL_QUESTIONS` are everyday questions with no system prompt of their own. The lists are
-fixed: the accuracy benchmark compares greedy answers to them across engines and KV dtypes, so
-changing one changes every figure measured before.
+template) that sharing it is what a prefix cache is for; `SUPPORT_QUESTIONS` are what that
+shop's customers ask; `GENERAL_QUESTIONS` are everyday questions with no system prompt of their
+own. The lists are fixed: the accuracy benchmark compares greedy answers to them across engines
+and KV dtypes, so changing one changes every figure measured before.
 """
 
 from __future__ import annotations
