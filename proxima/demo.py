@@ -1,5 +1,6 @@
-"""The demo's work: a tiny model served by Proxima, one hello-world request, then a burst of
-concurrent chat-like requests while the server's KV telemetry is sampled.
+"""The demo's work: a real instruct model (SmolLM2-135M-Instruct, built from a pinned PyPI
+package) served by Proxima, one first question, then a burst of customer-service chats sharing
+one system prompt while the server's KV telemetry is sampled.
 
 The requests go through `proxima.load`, the samples through `proxima.sampling`; rendering lives
 in proxima/cli/demo.py; this module returns plain results.
@@ -15,25 +16,36 @@ from pathlib import Path
 
 import httpx
 
-from proxima.load import Completion, LoadDriver, random_prompt
+from proxima.chat_prompts import SUPPORT_QUESTIONS, general_chat, support_chat
+from proxima.load import Completion, LoadDriver
 from proxima.sampling import Sampler
 from proxima.scrape import ServerSnapshot
 from proxima.server_process import ManagedServer, ServerSpec
 
-# Float32 for exact greedy outputs on CPU; a small KV budget so that the burst fills the cache.
-DEMO_SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-                    "--max-num-seqs", "128")
+FIRST_QUESTION = "What is the capital of France?"
+# A 512-token step budget: vLLM's CPU start-up runs one full step to size memory, and at its
+# default (2048) that step alone took most of a minute for this 30-layer model on 2 cores.
+DEMO_SERVER_ARGS = ("--max-model-len", "2048", "--enforce-eager", "--max-num-seqs", "64",
+                    "--max-num-batched-tokens", "512")
 REQUEST_TIMEOUT_S = 600.0
+
+
+@dataclass(slots=True)
+class ChatExchange:
+    question: str
+    answer: Completion
 
 
 @dataclass(slots=True)
 class DemoResult:
     url: str
-    hello_text: str
+    first: ChatExchange
     requests_ok: int = 0
     requests_failed: int = 0
+    prompt_tokens: int = 0
     output_tokens: int = 0
     wall_s: float = 0.0
+    examples: list[ChatExchange] = field(default_factory=list)
     samples: list[ServerSnapshot] = field(default_factory=list)
 
     @property
@@ -46,39 +58,46 @@ class DemoResult:
         return self.samples[-1] if self.samples else None
 
 
-def burst_requests(num_requests: int, seed: int) -> list[tuple[str, int]]:
-    """(prompt, max_tokens) of each request: 20-150 words, 16-96 tokens out (ignore_eos)."""
+def burst_questions(num_requests: int, seed: int) -> list[str]:
+    """Customers' questions, each from the fixed list, in a seeded order (repeats once the list
+    is used up, as real customers repeat each other)."""
     rng = random.Random(seed)
-    return [(random_prompt(rng, 20, 150), rng.randint(16, 96)) for _ in range(num_requests)]
+    questions: list[str] = []
+    while len(questions) < num_requests:
+        questions += rng.sample(SUPPORT_QUESTIONS, len(SUPPORT_QUESTIONS))
+    return questions[:num_requests]
 
 
-async def drive(url: str, model: str, num_requests: int, concurrency: int, seed: int,
-                result: DemoResult, sample_every_s: float = 0.25) -> None:
+async def drive(url: str, model: str, questions: list[str], concurrency: int, max_tokens: int,
+                result: DemoResult, sample_every_s: float = 0.25, num_examples: int = 2) -> None:
+    chats = [(support_chat(q), max_tokens) for q in questions]
     async with httpx.AsyncClient() as client:
         sampler = Sampler(url, sample_every_s, client=client)
         async with sampler.running():  # ends with one more reading, after the settle below
             start = time.perf_counter()
-            done = await LoadDriver(client, url, model).each_once(
-                burst_requests(num_requests, seed), concurrency, timeout=REQUEST_TIMEOUT_S)
+            done = await LoadDriver(client, url, model).each_chat_once(chats, concurrency,
+                                                                       timeout=REQUEST_TIMEOUT_S)
             result.wall_s = time.perf_counter() - start
             await asyncio.sleep(0.5)  # let the engine publish its idle state
     result.requests_ok += sum(c.ok for c in done)
     result.requests_failed += sum(not c.ok for c in done)
+    result.prompt_tokens += sum(c.prompt_tokens for c in done if c.ok)
     result.output_tokens += sum(c.completion_tokens for c in done if c.ok)
+    result.examples += [ChatExchange(q, c) for q, c in zip(questions, done) if c.ok][:num_examples]
     result.samples.extend(s.snapshot for s in sampler.samples)
 
 
-def hello(url: str, model: str) -> Completion:
-    """One short completion, as a first sign of life (not greedy to the end: EOS may stop it)."""
+def ask_first(url: str, model: str) -> ChatExchange:
+    """The first question, greedy, as a user would ask it (the model's own default system prompt)."""
     async def once() -> Completion:
         async with httpx.AsyncClient() as client:
-            return await LoadDriver(client, url, model).complete("hello world", 8, ignore_eos=False,
-                                                                 timeout=120.0)
+            return await LoadDriver(client, url, model).chat(general_chat(FIRST_QUESTION), 64,
+                                                             timeout=REQUEST_TIMEOUT_S)
 
-    return asyncio.run(once())
+    return ChatExchange(FIRST_QUESTION, asyncio.run(once()))
 
 
-def start_server(model_dir: Path, kv_bytes: int, port: int, log_path: Path) -> ManagedServer:
+def start_server(model_dir: Path, dtype: str, kv_bytes: int, port: int, log_path: Path) -> ManagedServer:
     spec = ServerSpec(model=str(model_dir), variant="token", port=port, log_path=log_path,
-                      args=(*DEMO_SERVER_ARGS, "--kv-cache-memory-bytes", str(kv_bytes)))
+                      args=(*DEMO_SERVER_ARGS, "--dtype", dtype, "--kv-cache-memory-bytes", str(kv_bytes)))
     return ManagedServer(spec)

@@ -2,9 +2,10 @@
 bench` and `proxima demo`.
 
 One request body (`completion_body`: greedy, and with vLLM's `ignore_eos` unless told otherwise,
-so the output is exactly `max_tokens` long on every engine), two ways to read the answer:
-  `LoadDriver.complete`   the whole answer at once, token ids included; `burst`, `steady` and
-                          `each_once` keep many of them in flight;
+so the output is exactly `max_tokens` long on every engine; `chat_body` for a real model's chats,
+which end where the model ends its turn), two ways to read the answer:
+  `LoadDriver.complete`   the whole answer at once, token ids included (`chat` likewise);
+                          `burst`, `steady`, `each_once` and `each_chat_once` keep many in flight;
   `StreamingClient.send`  streamed, timed on arrival of each SSE line: TTFT = first token chunk,
                           ITL = gaps between token chunks, E2E = until the stream ends, and the
                           time the client itself spends on each line (`overhead_s`), so a client
@@ -62,8 +63,21 @@ def completion_body(model: str | None, prompt: str, max_tokens: int, *, temperat
     return body
 
 
+def chat_body(model: str | None, messages: Sequence[dict[str, str]], max_tokens: int, *,
+              temperature: float = 0.0, seed: int | None = None) -> dict:
+    body: dict = {"model": model, "messages": list(messages), "max_tokens": max_tokens,
+                  "temperature": temperature, "return_token_ids": True}
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
 def completions_url(url: str) -> str:
     return url.rstrip("/") + "/v1/completions"
+
+
+def chat_url(url: str) -> str:
+    return url.rstrip("/") + "/v1/chat/completions"
 
 
 def new_http_client(request_timeout_s: float) -> httpx.AsyncClient:
@@ -123,9 +137,19 @@ class LoadDriver:
         """One /v1/completions request. Never raises for a server's failure (cancellation passes)."""
         body = completion_body(model or self.model, prompt, max_tokens, temperature=temperature,
                                ignore_eos=ignore_eos, seed=seed)
+        return await self._send(completions_url(url or self.url), body, timeout)
+
+    async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, *, temperature: float = 0.0,
+                   seed: int | None = None, timeout: float = 60.0) -> Completion:
+        """One /v1/chat/completions request: the model's chat template, ending at its end of turn
+        (or `max_tokens`). Never raises for a server's failure (cancellation passes)."""
+        body = chat_body(self.model, messages, max_tokens, temperature=temperature, seed=seed)
+        return await self._send(chat_url(self.url), body, timeout, chat=True)
+
+    async def _send(self, endpoint: str, body: dict, timeout: float, chat: bool = False) -> Completion:
         start = time.perf_counter()
         try:
-            response = await self.client.post(completions_url(url or self.url), json=body, timeout=timeout)
+            response = await self.client.post(endpoint, json=body, timeout=timeout)
         except httpx.HTTPError as err:
             return Completion(ok=False, error=f"{type(err).__name__}: {err}".rstrip(": "),
                               latency_s=time.perf_counter() - start)
@@ -137,12 +161,13 @@ class LoadDriver:
             data = response.json()
             choice = data["choices"][0]
             usage = data.get("usage") or {}
-        except (ValueError, KeyError, IndexError) as err:
+            text = choice["message"]["content"] if chat else choice.get("text")
+        except (ValueError, KeyError, IndexError, TypeError) as err:
             return Completion(ok=False, error=f"unexpected response: {err}", latency_s=latency)
         ids = choice.get("token_ids")
         return Completion(
             ok=True,
-            text=choice.get("text") or "",
+            text=text or "",
             token_ids=tuple(int(t) for t in ids) if ids is not None else None,
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
@@ -164,12 +189,21 @@ class LoadDriver:
     async def each_once(self, requests: Sequence[tuple[str, int]], concurrency: int,
                         **kwargs) -> list[Completion]:
         """Send each (prompt, max_tokens) once, `concurrency` in flight; results in request order."""
+        return await self._each_once(requests, concurrency, self.complete, kwargs)
+
+    async def each_chat_once(self, chats: Sequence[tuple[Sequence[dict[str, str]], int]], concurrency: int,
+                             **kwargs) -> list[Completion]:
+        """Send each (messages, max_tokens) chat once, `concurrency` in flight; results in order."""
+        return await self._each_once(chats, concurrency, self.chat, kwargs)
+
+    async def _each_once(self, requests: Sequence[tuple], concurrency: int, send,
+                         kwargs: dict) -> list[Completion]:
         results: list[Completion] = [Completion(ok=False, error="not sent")] * len(requests)
         pending = iter(enumerate(requests))  # one shared iterator: each request goes to one worker
 
         async def worker() -> None:
-            for index, (prompt, max_tokens) in pending:
-                results[index] = await self.complete(prompt, max_tokens, **kwargs)
+            for index, (what, max_tokens) in pending:
+                results[index] = await send(what, max_tokens, **kwargs)
 
         tasks = [asyncio.ensure_future(worker()) for _ in range(max(1, concurrency))]
         try:

