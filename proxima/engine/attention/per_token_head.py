@@ -80,19 +80,14 @@ class PTHCache:
     v_codes: Tensor
     k_scales: Tensor
     v_scales: Tensor
+    # int4: the codes as int32 words ``[S, Hkv, D / 8]`` (records and offsets are 4-byte aligned),
+    # what the Triton kernel reads; None otherwise. Made once: asked per layer per step.
+    k_words: Tensor | None = None
+    v_words: Tensor | None = None
 
     @property
     def num_slots(self) -> int:
         return self.rows.shape[0]
-
-    @property
-    def k_words(self) -> Tensor:
-        """int4 K codes as int32 words ``[S, Hkv, D / 8]`` (records and offsets are 4-byte aligned)."""
-        return _words(self.k_codes)
-
-    @property
-    def v_words(self) -> Tensor:
-        return _words(self.v_codes)
 
     @property
     def num_kv_heads(self) -> int:
@@ -131,8 +126,10 @@ def cache_views(kv_cache: Tensor, fmt: PTHFormat, num_kv_heads: int, head_size: 
                                  (base + offset) // 4)
 
     half = codes + _SCALE_BYTES
-    return PTHCache(fmt, head_size, rows, code_view(0), code_view(half), scale_view(codes),
-                    scale_view(half + codes))
+    k_codes, v_codes = code_view(0), code_view(half)
+    words = (_words(k_codes), _words(v_codes)) if fmt.packed else (None, None)
+    return PTHCache(fmt, head_size, rows, k_codes, v_codes, scale_view(codes), scale_view(half + codes),
+                    *words)
 
 
 # -- the randomized Hadamard rotation of int4, as vLLM computes it --------------------------------
