@@ -25,8 +25,10 @@ from proxima.server_process import ManagedServer, ServerSpec
 FIRST_QUESTION = "What is the capital of France?"
 # A 512-token step budget: vLLM's CPU start-up runs one full step to size memory, and at its
 # default (2048) that step alone took most of a minute for this 30-layer model on 2 cores.
+# The demo's server is local and has one user: it shows the exact figures (the slot map at peak,
+# token-exact hits), which a shared server withholds by default (docs/security.md).
 DEMO_SERVER_ARGS = ("--max-model-len", "2048", "--enforce-eager", "--max-num-seqs", "64",
-                    "--max-num-batched-tokens", "512")
+                    "--max-num-batched-tokens", "512", "--proxima-exact-kv-figures")
 REQUEST_TIMEOUT_S = 600.0
 
 

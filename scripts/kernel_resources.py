@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from proxima.engine.attention import triton_attention as ta
-from proxima.engine.attention.planning import TileConfig, choose_tiles
+from proxima.engine.attention.planning import TileConfig, _pth_tiles, choose_tiles
 
 HQ, HKV, D = 32, 8, 128
 TARGET = GPUTarget("cuda", 90, 32)
@@ -38,8 +38,10 @@ _UNSPLIT_WS = ("stride_acc_t", "stride_acc_h", "stride_acc_s", "stride_ml_t", "s
 
 def _variant(cache: str, tiles: TileConfig, split: bool) -> tuple[dict, dict]:
     """Pointer dtypes and constexprs of ``_slot_attention_kernel`` as a launch with these tiles
-    specialises it, for a ``bf16`` or ``fp8e4nv`` cache (dot dtypes as ``launch_args.dot_dtype``)."""
-    fp8 = cache != "bf16"
+    specialises it, for a ``bf16``, ``fp8e4nv``, ``int8`` (per-token-head codes) or ``int4`` (its
+    codes read as int32 words) cache; dot dtypes as ``launch_args.dot_dtype``."""
+    fp8 = cache == "fp8e4nv"
+    codes = {"int8": 1, "int4": 2}.get(cache, 0)
     group = HQ // HKV
     const = dict(HEAD_SIZE=D, HEAD_SIZE_PAD=D, GROUP=group, BLOCK_Q=tiles.block_m // group,
                  BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SHORT_BLOCK_M=tiles.short_block_m,
@@ -47,10 +49,13 @@ def _variant(cache: str, tiles: TileConfig, split: bool) -> tuple[dict, dict]:
                  DOT_DTYPE=tl.float16 if fp8 and not tiles.short_block_m else tl.bfloat16,
                  SHORT_DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
                  DOT_PRECISION="tf32", SPLIT=split, QUANT=fp8, SCALE_STRIDE=0, FP8_MAX=448.0 if fp8 else 0.0,
-                 DENSE_KV=False)
-    ptrs = {"k_ptr": cache, "v_ptr": cache, "slot_table_ptr": "i32", "query_start_loc_ptr": "i32",
+                 DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16)
+    code = {"int8": "i8", "int4": "i32"}.get(cache, cache)
+    ptrs = {"k_ptr": code, "v_ptr": code, "slot_table_ptr": "i32", "query_start_loc_ptr": "i32",
             "seq_lens_ptr": "i32", "acc_ws_ptr": "fp32", "m_ws_ptr": "fp32", "l_ws_ptr": "fp32",
-            "k_scale_ptr": "fp32" if fp8 else cache, "v_scale_ptr": "fp32" if fp8 else cache}
+            "k_scale_ptr": "fp32" if fp8 or codes else cache,
+            "v_scale_ptr": "fp32" if fp8 or codes else cache,
+            "rht_ptr": "fp32" if codes == 2 else "bf16", "signs_ptr": "fp32" if codes == 2 else "bf16"}
     return ptrs, const
 
 
@@ -58,12 +63,14 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
     """(name, pointer dtypes, constexprs, tiles) of each served variant of ``_slot_attention_kernel``,
     and of the mixed plan with dense-tile reads (``TileConfig.dense_kv``), not yet served."""
     out = []
-    for cache in ("bf16", "fp8e4nv"):
+    for cache in ("bf16", "fp8e4nv", "int8", "int4"):
         for plan, max_query_len in (("decode", 1), ("mixed", None)):
             tiles = choose_tiles(HQ // HKV, D, 2, max_query_len)
+            if cache in ("int8", "int4"):
+                tiles = _pth_tiles(tiles)
             for split in (False, True):
                 ptrs, const = _variant(cache, tiles, split)
-                name = f"{plan} {'fp8' if cache != 'bf16' else 'bf16'}{' split' if split else ''}"
+                name = f"{plan} {'fp8' if cache == 'fp8e4nv' else cache}{' split' if split else ''}"
                 out.append((name, ptrs, const, tiles))
                 if plan == "mixed" and cache == "bf16":  # the dense-tile reads, not served yet
                     desc = f"tensordesc<bf16[{tiles.block_n},{D}]>"

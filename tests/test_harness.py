@@ -40,10 +40,12 @@ def test_token_and_block_engines_get_proxima_serves_command_line():
                                                          env={"PROXIMA_TELEMETRY_INTERVAL_S": "0"}))
     assert argv[:2] == ["--model", MODEL] and argv[argv.index("--block-size") + 1] == "1"
     assert argv[argv.index("--scheduler-cls") + 1] == SCHEDULER_CLS
-    assert env == {"PROXIMA_ALLOCATOR": "token", "PROXIMA_TELEMETRY_INTERVAL_S": "0"}
+    # Figures in whole blocks, as `proxima serve` discloses them by default (docs/security.md).
+    assert env == {"PROXIMA_ALLOCATOR": "token", "PROXIMA_TELEMETRY_INTERVAL_S": "0",
+                   "PROXIMA_KV_FIGURES": "block"}
     argv, env = harness_engine.engine_command(EngineSpec(MODEL, "block", ("--block-size", "32")))
     assert argv.count("--block-size") == 1 and argv[argv.index("--scheduler-cls") + 1] == SCHEDULER_CLS
-    assert env == {"PROXIMA_ALLOCATOR": "block"}
+    assert env == {"PROXIMA_ALLOCATOR": "block", "PROXIMA_KV_FIGURES": "block"}
 
 
 def test_stock_engines_run_vllms_scheduler_observed_or_nothing_of_proximas():

@@ -24,6 +24,13 @@ CEILINGS = {
     # Dense-tile reads (TileConfig.dense_kv), built though not planned yet, so that the GPU session
     # that times them starts from variants without spills.
     "mixed dense bf16": (255, 0), "mixed dense bf16 split": (211, 0),
+    # Per-token-head codes, dequantised in registers (16 x 128 tiles, one stage: planning._pth_tiles).
+    # int4 unpacks nibbles and rotates queries in-kernel: near the 255 limit, and its unsplit mixed
+    # variant spills 40 B; the H200 decode timings in docs/benchmarks.md were taken with these builds.
+    "decode int8": (200, 0), "decode int8 split": (214, 0),
+    "mixed int8": (248, 0), "mixed int8 split": (244, 0),
+    "decode int4": (254, 0), "decode int4 split": (249, 0),
+    "mixed int4": (255, 40), "mixed int4 split": (255, 0),
 }
 
 

@@ -86,7 +86,10 @@ def test_a_server_reachable_beyond_loopback_without_an_api_key_says_so(monkeypat
 
 def test_the_api_key_from_vllms_environment_counts(monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "k")
-    assert not [n for n in build_serve_command("m", "token", [], cuda=True).notes if "api-key" in n]
+    notes = build_serve_command("m", "token", [], cuda=True).notes
+    assert not [n for n in notes if "without --api-key" in n], notes
+    # The key guards /v1 only: the note says what it leaves open (the prefix figures on /metrics).
+    assert [n for n in notes if "--api-key guards /v1 only" in n], notes
 
 
 def test_on_cpu_with_no_kv_size_a_bounded_default_is_chosen_and_said(monkeypatch):

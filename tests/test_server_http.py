@@ -141,11 +141,11 @@ def test_shared_prompts_hit_the_token_prefix_cache_and_reset_empties_it(proxima_
 def test_unsupported_option_is_refused_before_start(tiny_model):
     proc = subprocess.run(
         [sys.executable, "-m", "proxima.cli.main", "serve", tiny_model, "--kv-cache-dtype",
-         "fp8_per_token_head"],
+         "turboquant_k8v4"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2
-    assert "--kv-cache-dtype fp8_per_token_head" in proc.stderr
+    assert "--kv-cache-dtype turboquant_k8v4" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -74,39 +75,38 @@ def test_a_trickling_server_costs_one_budget_and_the_others_still_show():
     assert not sync.ok and sync_elapsed < 2.5, sync_elapsed
 
 
-def test_parsing_a_large_exposition_leaves_the_event_loop_free():
-    # Under the size cap, but seconds of pure-Python parsing.
+def test_parsing_a_large_exposition_leaves_the_event_loop_free(monkeypatch):
+    # Under the size cap, but seconds of pure-Python parsing: it must run off the event loop's
+    # thread (top's key handling and redraws share that loop). Checked by where the parser runs,
+    # not by timing the loop's gaps, which a busy 2-core machine stretches at random.
+    import proxima.scrape as scrape_module
+
     big = PROXIMA_TEXT + "".join(f'vllm:num_requests_running{{engine="{k}",model_name="m"}} 0\n'
                                  for k in range(30_000))
+    parsed_on: list[tuple[int, bool]] = []
+    real_parse = scrape_module.parse_or_error
 
-    async def main(url: str) -> tuple[float, float, bool]:
-        gaps, last, done = [], time.monotonic(), False
+    def spied(*args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        parsed_on.append((threading.get_ident(), on_loop))
+        return real_parse(*args, **kwargs)
 
-        async def tick() -> None:
-            nonlocal last
-            while not done:
-                await asyncio.sleep(0.01)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
+    monkeypatch.setattr(scrape_module, "parse_or_error", spied)
 
-        ticker = asyncio.create_task(tick())
+    async def main(url: str):
         import httpx
 
-        start = time.monotonic()
         async with httpx.AsyncClient() as client:
-            snap = await scrape(client, url, timeout=30)
-        took = time.monotonic() - start
-        done = True
-        await ticker
-        return max(gaps), took, snap.ok
+            return threading.get_ident(), await scrape(client, url, timeout=30)
 
     with MetricsServer(big) as server:
-        longest_gap, took, ok = asyncio.run(main(server.url))
-    assert ok
-    # Parsed on the loop, the longest gap is the whole parse; a shared CPU (the test's own
-    # neighbours) stretches both alike, so the bound is relative.
-    assert longest_gap < max(0.3, took / 4), f"the loop stalled {longest_gap:.2f} s of a {took:.2f} s scrape"
+        loop_thread, snap = asyncio.run(main(server.url))
+    assert snap.ok
+    assert parsed_on and all(t != loop_thread and not on_loop for t, on_loop in parsed_on), parsed_on
 
 
 # ------------------------------------------------------------------ top --replay / --record
