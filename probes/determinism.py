@@ -108,7 +108,7 @@ async def gather(ctx: ProbeContext) -> Readings:
     if ctx.compare_url:
         compare_model, _, error = await discover(ctx.client, ctx.compare_url)
         if error is not None:
-            raise Unmeasured(Status.ERROR, f"cannot reach --compare {ctx.compare_url}: {error}", evidence)
+            raise Unmeasured(Status.ERROR, f"--compare: {error}", evidence)
         evidence["compare_url"] = ctx.compare_url
         evidence["compare_model"] = compare_model
         compared = await _alone(ctx, prompts, ctx.compare_url, compare_model)

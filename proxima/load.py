@@ -32,6 +32,17 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from proxima.fetch import (
+    MAX_EVENT_BYTES,
+    MAX_STREAM_BYTES,
+    MalformedAnswer,
+    auth_headers,
+    describe_http_error,
+    fetch,
+    is_count,
+    parse_json,
+)
+
 WORDS = (
     "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings "
     "memory slots cache tokens request serve model engine block page fragment free used"
@@ -66,12 +77,13 @@ def completions_url(url: str) -> str:
     return url.rstrip("/") + "/v1/completions"
 
 
-def new_http_client(request_timeout_s: float) -> httpx.AsyncClient:
+def new_http_client(request_timeout_s: float, api_key: str | None = None) -> httpx.AsyncClient:
     """A client for load: no connection limit, because a queue inside the client would be
-    measured as server latency."""
+    measured as server latency. `api_key` goes with every request (vLLM's --api-key)."""
     return httpx.AsyncClient(
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
         timeout=httpx.Timeout(request_timeout_s, connect=10.0),
+        headers=auth_headers(api_key),
     )
 
 
@@ -120,34 +132,25 @@ class LoadDriver:
     async def complete(self, prompt: str, max_tokens: int, *, temperature: float = 0.0,
                        seed: int | None = None, ignore_eos: bool = True, timeout: float = 60.0,
                        url: str | None = None, model: str | None = None) -> Completion:
-        """One /v1/completions request. Never raises for a server's failure (cancellation passes)."""
+        """One /v1/completions request, read whole within `timeout` s and `MAX_ANSWER_BYTES`.
+        Never raises for a server's failure (cancellation passes); an answer of the wrong shape
+        is a failed one."""
         body = completion_body(model or self.model, prompt, max_tokens, temperature=temperature,
                                ignore_eos=ignore_eos, seed=seed)
         start = time.perf_counter()
         try:
-            response = await self.client.post(completions_url(url or self.url), json=body, timeout=timeout)
-        except httpx.HTTPError as err:
-            return Completion(ok=False, error=f"{type(err).__name__}: {err}".rstrip(": "),
-                              latency_s=time.perf_counter() - start)
+            answer = await fetch(self.client, "POST", completions_url(url or self.url), timeout,
+                                 json_body=body)
+        except (httpx.HTTPError, ValueError) as err:  # ValueError: BodyTooLarge
+            return Completion(ok=False, error=describe_http_error(err), latency_s=time.perf_counter() - start)
         latency = time.perf_counter() - start
-        if response.status_code != 200:
-            return Completion(ok=False, error=f"HTTP {response.status_code}: {response.text[:200]}",
+        if answer.status != 200:
+            return Completion(ok=False, error=f"HTTP {answer.status}: {_message(answer.text()[:2000])}",
                               latency_s=latency)
         try:
-            data = response.json()
-            choice = data["choices"][0]
-            usage = data.get("usage") or {}
-        except (ValueError, KeyError, IndexError) as err:
-            return Completion(ok=False, error=f"unexpected response: {err}", latency_s=latency)
-        ids = choice.get("token_ids")
-        return Completion(
-            ok=True,
-            text=choice.get("text") or "",
-            token_ids=tuple(int(t) for t in ids) if ids is not None else None,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            latency_s=latency,
-        )
+            return _completion(answer.json(), max_tokens, latency)
+        except MalformedAnswer as err:
+            return Completion(ok=False, error=f"malformed answer: {err}", latency_s=latency)
 
     async def burst(self, prompts: Sequence[str], max_tokens: int, timeout: float,
                     **kwargs) -> list[Completion]:
@@ -204,6 +207,32 @@ class LoadDriver:
             await _cancel(tasks)
 
 
+def _completion(data: object, max_tokens: int, latency: float) -> Completion:
+    """A whole /v1/completions answer, checked: its first choice, its token ids and usage."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise MalformedAnswer('no "choices" list')
+    choice = choices[0]
+    text = choice.get("text")
+    if text is not None and not isinstance(text, str):
+        raise MalformedAnswer('"text" is not a string')
+    ids = choice.get("token_ids")
+    if ids is not None and not (isinstance(ids, list) and all(is_count(t) for t in ids)):
+        raise MalformedAnswer('"token_ids" is not a list of token ids')
+    usage = data.get("usage")
+    if usage is None:
+        usage = {}
+    if not isinstance(usage, dict):
+        raise MalformedAnswer('"usage" is not an object')
+    prompt_tokens, completion_tokens = (usage.get(k) or 0 for k in ("prompt_tokens", "completion_tokens"))
+    if not (is_count(prompt_tokens) and is_count(completion_tokens)):
+        raise MalformedAnswer('"usage" token counts are not counts')
+    if completion_tokens > max_tokens or (ids is not None and len(ids) > max_tokens):
+        raise MalformedAnswer(f"more tokens than the {max_tokens} asked for")
+    return Completion(ok=True, text=text or "", token_ids=tuple(ids) if ids is not None else None,
+                      prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=latency)
+
+
 async def _cancel(tasks: Sequence[asyncio.Future]) -> None:
     for task in tasks:
         task.cancel()
@@ -252,10 +281,13 @@ class StreamingClient:
         return completion_body(self.model, prompt, max_tokens, stream=True)
 
     async def send(self, prompt: str, max_tokens: int, result: RequestResult) -> RequestResult:
+        """Stream one request into `result`. Every way it can end is a status: ok, failed (with
+        the reason) or timed out, and cancelled only when the caller cancels; a server's answer
+        of any shape never escapes as an exception, so no request is lost from the counts."""
         result.sent_at = time.perf_counter()
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                await self._stream(self.payload(prompt, max_tokens), result)
+                await self._stream(self.payload(prompt, max_tokens), max_tokens, result)
         except TimeoutError:
             result.status, result.error = TIMED_OUT, f"no complete answer within {self.request_timeout_s:g}s"
         except httpx.ConnectError:
@@ -264,28 +296,37 @@ class StreamingClient:
             result.status, result.error = FAILED, f"connection lost: {type(err).__name__}"
         except httpx.HTTPError as err:
             result.status, result.error = FAILED, f"{type(err).__name__}: {err}"
+        except MalformedAnswer as err:
+            result.status, result.error = FAILED, f"malformed stream: {err}"
         except asyncio.CancelledError:
             result.status = CANCELLED
             raise
+        except Exception as err:  # noqa: BLE001 (a bug here must cost one request, counted, not the run)
+            result.status, result.error = FAILED, f"unexpected answer ({type(err).__name__}: {err})"
         return result
 
-    async def _stream(self, body: dict, result: RequestResult) -> None:
+    async def _stream(self, body: dict, max_tokens: int, result: RequestResult) -> None:
         start = result.sent_at
         async with self.http.stream("POST", self.endpoint, json=body) as response:
             if response.status_code != 200:
-                text = (await response.aread())[:300].decode(errors="replace")
+                text = (await _read_some(response, 2000)).decode(errors="replace")
                 result.status, result.error = FAILED, f"HTTP {response.status_code}: {_message(text)}"
                 return
-            state = _StreamState(start)
+            state = _StreamState(start, max_tokens)
             buffer = b""
+            received = 0
             # Bytes split on the SSE event separator (cheaper than aiter_lines(): the client
             # may share a few cores with the server).
             async for raw in response.aiter_bytes():
                 now = time.perf_counter()
+                received += len(raw)
                 buffer += raw
                 if b"\r" in buffer:
                     buffer = buffer.replace(b"\r\n", b"\n")
                 *events, buffer = buffer.split(b"\n\n")
+                if len(buffer) > MAX_EVENT_BYTES or received > MAX_STREAM_BYTES:
+                    raise MalformedAnswer(f"an event over {MAX_EVENT_BYTES >> 20} MiB or a stream over "
+                                          f"{MAX_STREAM_BYTES >> 20} MiB")
                 for event in events:
                     for line in event.split(b"\n"):
                         if line.startswith(b"data:") and not state.take(line[5:].strip(), now, result):
@@ -305,12 +346,13 @@ class StreamingClient:
 
 
 class _StreamState:
-    """Token timing across the events of one stream."""
+    """Token timing across the events of one stream, each event checked before it counts."""
 
-    __slots__ = ("finished", "previous", "start")
+    __slots__ = ("finished", "max_tokens", "previous", "start")
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, max_tokens: int) -> None:
         self.start = start
+        self.max_tokens = max_tokens
         self.previous: float | None = None
         self.finished = False
 
@@ -320,37 +362,78 @@ class _StreamState:
             self.finished = True
             return True
         try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
-            result.status, result.error = FAILED, "malformed stream chunk"
-            return False
-        if choices := chunk.get("choices"):
-            result.num_chunks += 1
-            if result.text is not None:
-                result.text.append(choices[0].get("text") or "")
-            if self.previous is None:
-                result.ttft = now - self.start
-            else:
-                result.itls.append(now - self.previous)
-            self.previous = now
-            result.last_token_at = now - self.start
-        elif usage := chunk.get("usage"):
-            result.output_tokens = int(usage.get("completion_tokens") or 0)
-            result.prompt_tokens = usage.get("prompt_tokens")
-        elif error := chunk.get("error"):
-            result.status, result.error = FAILED, f"server error: {_message(json.dumps(error))}"
+            chunk = parse_json(data)
+            if not isinstance(chunk, dict):
+                shown = _message(data.decode(errors="replace"))
+                raise MalformedAnswer(f"a chunk that is not an object ({shown})")
+            if self.finished:
+                raise MalformedAnswer("a chunk after [DONE]")
+            if error := chunk.get("error"):
+                result.status, result.error = FAILED, f"server error: {_message(json.dumps(error))}"
+                return False
+            self._token(chunk, now, result)
+            self._usage(chunk, result)
+        except MalformedAnswer as err:
+            result.status, result.error = FAILED, f"malformed stream chunk: {err}"
             return False
         return True
+
+    def _token(self, chunk: dict, now: float, result: RequestResult) -> None:
+        choices = chunk.get("choices")
+        if choices is None or choices == []:
+            return
+        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise MalformedAnswer('"choices" is not a list of objects')
+        text = choices[0].get("text")
+        if text is not None and not isinstance(text, str):
+            raise MalformedAnswer('"text" is not a string')
+        result.num_chunks += 1
+        # One chunk a token, and at most one more (a last chunk that only carries finish_reason).
+        if result.num_chunks > self.max_tokens + 1:
+            raise MalformedAnswer(f"more token chunks than the {self.max_tokens} tokens asked for")
+        if result.text is not None:
+            result.text.append(text or "")
+        if self.previous is None:
+            result.ttft = now - self.start
+        else:
+            result.itls.append(now - self.previous)
+        self.previous = now
+        result.last_token_at = now - self.start
+
+    def _usage(self, chunk: dict, result: RequestResult) -> None:
+        usage = chunk.get("usage")
+        if usage is None:
+            return
+        if not isinstance(usage, dict):
+            raise MalformedAnswer('"usage" is not an object')
+        completion, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        if not is_count(completion) or (prompt is not None and not is_count(prompt)):
+            raise MalformedAnswer('"usage" token counts are not counts')
+        if completion > self.max_tokens:
+            raise MalformedAnswer(f"usage says {completion} tokens, more than the {self.max_tokens} "
+                                  "asked for")
+        result.output_tokens = completion
+        result.prompt_tokens = prompt
+
+
+async def _read_some(response: httpx.Response, limit: int) -> bytes:
+    """The start of an error answer's body: enough for its message, never an endless body."""
+    body = b""
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) >= limit:
+            break
+    return body[:limit]
 
 
 def _message(body: str) -> str:
     """The `message` of an OpenAI-style error body, else the body itself, on one line."""
     try:
-        parsed = json.loads(body)
+        parsed = parse_json(body)
         found = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
         if isinstance(found, dict):
             found = found.get("message", found)
         text = str(found)
-    except (json.JSONDecodeError, AttributeError):
+    except MalformedAnswer:
         text = body
     return " ".join(text.split())[:200]
