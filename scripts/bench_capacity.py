@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from proxima.files import write_atomic
+
 # name: (allocator, block size, prefix caching)
 VARIANTS = {"stock-b32": ("block", 32, True), "stock-b128": ("block", 128, True),
             "proxima": ("token", 1, True), "proxima-nocache": ("token", 1, False)}
@@ -195,7 +197,7 @@ def main() -> None:
     if args.child:
         res = run_engine(args.model, args.child[0], args.workload, args.requests, args.kv_tokens,
                          args.seed, args.kv_cache_dtype)
-        Path(args.child[1]).write_text(json.dumps(res))
+        write_atomic(args.child[1], json.dumps(res))
         return
     model = args.model
     if model is None:
@@ -235,7 +237,7 @@ def main() -> None:
         b = results[base]
         print(f"mean running proxima/{base}: {px['running_mean'] / b['running_mean']:.2f}x")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        write_atomic(args.json, json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from proxima.files import write_atomic
+
 
 def child(model: str, telemetry: bool, requests: int, interval: str | None) -> dict:
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", PROXIMA_ALLOCATOR="token",
@@ -84,7 +86,7 @@ def main() -> None:
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        Path(a.child[1]).write_text(json.dumps(child(a.model, a.child[0] == "on", a.requests, a.interval)))
+        write_atomic(a.child[1], json.dumps(child(a.model, a.child[0] == "on", a.requests, a.interval)))
         return
     model = a.model
     if model is None:

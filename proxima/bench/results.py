@@ -12,7 +12,6 @@ import io
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from proxima.sampling import Sample
 
@@ -277,10 +276,3 @@ def to_csv(result: BenchResult) -> str:
     return buffer.getvalue()
 
 
-def write_atomic(path: Path, text: str | bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    if isinstance(text, bytes):
-        tmp.write_bytes(text)
-    else:
-        tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

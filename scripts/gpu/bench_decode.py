@@ -20,6 +20,7 @@ import triton.testing
 from layouts import BLOCK, DTYPE, HKV, HQ, D, kv_layouts  # scripts/gpu/layouts.py
 
 from proxima.engine.attention.triton_attention import slot_attention_triton
+from proxima.files import atomic_output
 
 GRID = [(1, 2048), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (128, 1024),
         (128, 4096), (256, 2048), (512, 1024)]
@@ -95,7 +96,7 @@ def main() -> None:
             if key in r:
                 print(f"      {key}: {r[key]}")
     if args.json:
-        with open(args.json, "w") as f:
+        with atomic_output(args.json) as f:
             json.dump({"copy_bandwidth_Bps": bw, "results": results}, f, indent=1)
 
 

@@ -28,6 +28,7 @@ from layouts import HKV, HQ, D
 from proxima.engine.attention.quant import KVScales, dequantize, quantize_fp8
 from proxima.engine.attention.reference import slot_attention_torch
 from proxima.engine.attention.triton_attention import slot_attention_triton
+from proxima.files import atomic_output
 
 FP8 = torch.float8_e4m3fn
 # The data is N(0, 1): |x| / 0.02 stays inside e4m3's +-448 for all but ~1e-6 of the values.
@@ -129,7 +130,7 @@ def main() -> None:
         for key in [k for k in r if k.endswith("_error")]:
             print(f"      {key}: {r[key]}")
     if args.json:
-        with open(args.json, "w") as f:
+        with atomic_output(args.json) as f:
             json.dump({"k_scale": K_SCALE, "v_scale": V_SCALE, "graph_decode": results}, f, indent=1)
 
 

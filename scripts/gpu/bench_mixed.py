@@ -44,6 +44,7 @@ from layouts import BLOCK, DTYPE, HKV, HQ, D, kv_layouts  # scripts/gpu/layouts.
 from proxima.engine.attention import planning
 from proxima.engine.attention.triton_attention import slot_attention_triton
 from proxima.engine.attention.triton_write_kv import write_kv_triton
+from proxima.files import atomic_output
 
 SCALE = D ** -0.5
 
@@ -296,7 +297,7 @@ def main() -> None:
             print(f"      {key}: {r[key]}")
     run = {"mixed": mixed, "graph_decode": graphs}
     if args.json:
-        with open(args.json, "w") as f:
+        with atomic_output(args.json) as f:
             json.dump(run, f, indent=1)
     if args.include:
         with open(args.include) as f:

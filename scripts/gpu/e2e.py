@@ -33,6 +33,7 @@ from pathlib import Path
 from e2e_profile import HostTimer, attention_impl, host_profile, kernel_profile  # scripts/gpu/
 
 from proxima.engine.slot_table import DenseTileTally
+from proxima.files import write_atomic
 from proxima.load import random_prompt
 
 GiB = 1 << 30
@@ -227,7 +228,7 @@ def child(model: str, name: str, out: Path, profile: bool = False, shared_prefix
             result[job]["host"] = host
             result[job]["kernels"] = kernel_profile(lambda ps=ps, sp=sp: llm.generate(ps, sp, use_tqdm=False))
             result[job]["cprofile"] = host_profile(lambda ps=ps, sp=sp: llm.generate(ps, sp, use_tqdm=False))
-    out.write_text(json.dumps(result))
+    write_atomic(out, json.dumps(result))
 
 
 def main() -> None:
@@ -247,7 +248,7 @@ def main() -> None:
         t = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", model, name, str(out), *profile], env=env,
                               capture_output=True, text=True, timeout=300)
-        (out_dir / f"{name}.log").write_text(proc.stdout[-20000:] + proc.stderr[-60000:])
+        write_atomic(out_dir / f"{name}.log", proc.stdout[-20000:] + proc.stderr[-60000:])
         print(f"{name}: rc={proc.returncode} in {time.perf_counter() - t:.0f}s", flush=True)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], flush=True)

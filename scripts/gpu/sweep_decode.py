@@ -24,6 +24,7 @@ from bench_mixed import SCALE, build, graph_us, kernels  # scripts/gpu/bench_mix
 
 from proxima.engine.attention.planning import TileConfig, choose_launch_shape, num_sms
 from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan
+from proxima.files import atomic_output
 
 POINTS = [(1, 2048), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (46, 300), (128, 1024),
           (256, 2048)]
@@ -78,7 +79,7 @@ def sweep_cli(cases: Iterable[tuple], sweep: Callable[..., dict], report: Callab
         results.append(sweep(*case))
         report(results[-1])
     if args.json:
-        with open(args.json, "w") as f:
+        with atomic_output(args.json) as f:
             json.dump(results, f, indent=1)
 
 
