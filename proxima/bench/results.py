@@ -152,6 +152,7 @@ class ServerRun:
     levels: list[LevelResult] = field(default_factory=list)
     stopped: str | None = None  # why higher levels were not run
     launch: dict | None = None  # started_at / stopped_at / log, when bench launched it
+    metrics_error: str | None = None  # why its /metrics could not be used, when it could not
 
     def levels_of(self, kind: str) -> list[LevelResult]:
         return sorted((lv for lv in self.levels if lv.kind == kind), key=lambda lv: lv.value)

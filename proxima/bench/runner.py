@@ -114,6 +114,7 @@ def _describe_kv(run: ServerRun, params: SweepParams) -> None:
     """Allocator, granularity and capacity as the server reports them (capacity gauges are
     published from the engine's first step on, so this is read again after the sweep)."""
     snap = _scrape(run.url, params)
+    run.metrics_error = snap.error
     if not snap.ok:
         return
     kv = snap.proxima
@@ -197,6 +198,8 @@ def _result(plan: BenchPlan, runs: list[ServerRun], work: wl.Workload) -> BenchR
         verdict=verdict(runs, p.slo_p95_s, p.max_error_rate),
     )
     result.notes.extend(client_notes(result))
+    result.notes.extend(f"{run.label}: {run.url}/metrics could not be used ({run.metrics_error}); no KV or "
+                        "server-side figures for it" for run in runs if run.metrics_error)
     return result
 
 
