@@ -27,7 +27,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -168,17 +168,13 @@ class LoadDriver:
                         **kwargs) -> list[Completion]:
         """Send each (prompt, max_tokens) once, `concurrency` in flight; results in request order."""
         results: list[Completion] = [Completion(ok=False, error="not sent")] * len(requests)
-        pending = iter(enumerate(requests))  # one shared iterator: each request goes to one worker
 
-        async def worker() -> None:
-            for index, (prompt, max_tokens) in pending:
+        def job(index: int, prompt: str, max_tokens: int) -> Callable[[], Awaitable[None]]:
+            async def send() -> None:
                 results[index] = await self.complete(prompt, max_tokens, **kwargs)
+            return send
 
-        tasks = [asyncio.ensure_future(worker()) for _ in range(max(1, concurrency))]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            await _cancel(tasks)
+        await run_jobs((job(i, p, n) for i, (p, n) in enumerate(requests)), concurrency)
         return results
 
     @contextlib.asynccontextmanager
@@ -231,6 +227,23 @@ def _completion(data: object, max_tokens: int, latency: float) -> Completion:
         raise MalformedAnswer(f"more tokens than the {max_tokens} asked for")
     return Completion(ok=True, text=text or "", token_ids=tuple(ids) if ids is not None else None,
                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=latency)
+
+
+async def run_jobs(jobs: Iterable[Callable[[], Awaitable[object]]], concurrency: int) -> None:
+    """The worker pool under `each_once` (and a soak's mixed traffic): `concurrency` workers take
+    jobs from one shared iterator until it ends, so each job runs once and `concurrency` are in
+    flight; every worker is cancelled and awaited before this returns."""
+    pending = iter(jobs)
+
+    async def worker() -> None:
+        for job in pending:
+            await job()
+
+    tasks = [asyncio.ensure_future(worker()) for _ in range(max(1, concurrency))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        await _cancel(tasks)
 
 
 async def _cancel(tasks: Sequence[asyncio.Future]) -> None:
