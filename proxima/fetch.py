@@ -8,8 +8,8 @@ Invariants:
     time out, and one that streams an endless body would fill memory;
   - JSON is parsed strictly (`parse_json`): no NaN or Infinity, no nesting deep enough to exhaust
     the parser's stack; the shapes the tools rely on are checked here (`first_model`,
-    `token_count`), so a wrong-typed answer is a `MalformedAnswer` naming what is wrong, never a
-    TypeError three calls later;
+    `token_count`, `completion_answer`), so a wrong-typed answer is a `MalformedAnswer` naming
+    what is wrong, never a TypeError three calls later;
   - a failure becomes one line (`describe_http_error`), which the tools put after the server's URL.
 The one rule for what a server URL is (`normalize_url`) and for which API key a tool sends
 (`api_key_from`) also live here; whether a URL is this machine is `proxima.hosts`.
@@ -186,6 +186,17 @@ async def get_json(client: httpx.AsyncClient, url: str, timeout: float, *,
     return checked(await fetch(client, method, url, timeout, max_bytes=max_bytes, json_body=json_body)).json()
 
 
+async def read_start(response: httpx.Response, limit: int) -> bytes:
+    """The first `limit` bytes of an answer being streamed (an error's message), never an endless
+    body."""
+    body = b""
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) >= limit:
+            break
+    return body[:limit]
+
+
 def _check_size(body: bytearray, max_bytes: int) -> None:
     if len(body) > max_bytes:
         raise BodyTooLarge(f"answer larger than {_size(max_bytes)}; not read")
@@ -310,6 +321,32 @@ def token_count(payload: object) -> tuple[int, int | None]:
     max_len = payload.get("max_model_len")
     valid = is_count(max_len) and 0 < max_len <= MAX_PLAUSIBLE_CONTEXT
     return count, max_len if valid else None
+
+
+def completion_answer(payload: object, max_tokens: int) -> tuple[str, tuple[int, ...] | None, int, int]:
+    """(text, token ids or None, prompt tokens, completion tokens) of a whole /v1/completions
+    answer's first choice; MalformedAnswer when it is not one, or holds more than `max_tokens`."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise MalformedAnswer('no "choices" list')
+    choice = choices[0]
+    text = choice.get("text")
+    if text is not None and not isinstance(text, str):
+        raise MalformedAnswer('"text" is not a string')
+    ids = choice.get("token_ids")
+    if ids is not None and not (isinstance(ids, list) and all(is_count(t) for t in ids)):
+        raise MalformedAnswer('"token_ids" is not a list of token ids')
+    usage = payload.get("usage")
+    if usage is None:
+        usage = {}
+    if not isinstance(usage, dict):
+        raise MalformedAnswer('"usage" is not an object')
+    prompt_tokens, completion_tokens = (usage.get(k) or 0 for k in ("prompt_tokens", "completion_tokens"))
+    if not (is_count(prompt_tokens) and is_count(completion_tokens)):
+        raise MalformedAnswer('"usage" token counts are not counts')
+    if completion_tokens > max_tokens or (ids is not None and len(ids) > max_tokens):
+        raise MalformedAnswer(f"more tokens than the {max_tokens} asked for")
+    return text or "", tuple(ids) if ids is not None else None, prompt_tokens, completion_tokens
 
 
 def _shown(value: object, limit: int = 60) -> str:

@@ -37,10 +37,12 @@ from proxima.fetch import (
     MAX_STREAM_BYTES,
     MalformedAnswer,
     auth_headers,
+    completion_answer,
     describe_http_error,
     fetch,
     is_count,
     parse_json,
+    read_start,
 )
 
 WORDS = (
@@ -148,9 +150,11 @@ class LoadDriver:
             return Completion(ok=False, error=f"HTTP {answer.status}: {_message(answer.text()[:2000])}",
                               latency_s=latency)
         try:
-            return _completion(answer.json(), max_tokens, latency)
+            text, ids, prompt_tokens, completion_tokens = completion_answer(answer.json(), max_tokens)
         except MalformedAnswer as err:
             return Completion(ok=False, error=f"malformed answer: {err}", latency_s=latency)
+        return Completion(ok=True, text=text, token_ids=ids, prompt_tokens=prompt_tokens,
+                          completion_tokens=completion_tokens, latency_s=latency)
 
     async def burst(self, prompts: Sequence[str], max_tokens: int, timeout: float,
                     **kwargs) -> list[Completion]:
@@ -201,32 +205,6 @@ class LoadDriver:
         finally:
             stopping = True
             await _cancel(tasks)
-
-
-def _completion(data: object, max_tokens: int, latency: float) -> Completion:
-    """A whole /v1/completions answer, checked: its first choice, its token ids and usage."""
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise MalformedAnswer('no "choices" list')
-    choice = choices[0]
-    text = choice.get("text")
-    if text is not None and not isinstance(text, str):
-        raise MalformedAnswer('"text" is not a string')
-    ids = choice.get("token_ids")
-    if ids is not None and not (isinstance(ids, list) and all(is_count(t) for t in ids)):
-        raise MalformedAnswer('"token_ids" is not a list of token ids')
-    usage = data.get("usage")
-    if usage is None:
-        usage = {}
-    if not isinstance(usage, dict):
-        raise MalformedAnswer('"usage" is not an object')
-    prompt_tokens, completion_tokens = (usage.get(k) or 0 for k in ("prompt_tokens", "completion_tokens"))
-    if not (is_count(prompt_tokens) and is_count(completion_tokens)):
-        raise MalformedAnswer('"usage" token counts are not counts')
-    if completion_tokens > max_tokens or (ids is not None and len(ids) > max_tokens):
-        raise MalformedAnswer(f"more tokens than the {max_tokens} asked for")
-    return Completion(ok=True, text=text or "", token_ids=tuple(ids) if ids is not None else None,
-                      prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=latency)
 
 
 async def run_jobs(jobs: Iterable[Callable[[], Awaitable[object]]], concurrency: int) -> None:
@@ -322,7 +300,7 @@ class StreamingClient:
         start = result.sent_at
         async with self.http.stream("POST", self.endpoint, json=body) as response:
             if response.status_code != 200:
-                text = (await _read_some(response, 2000)).decode(errors="replace")
+                text = (await read_start(response, 2000)).decode(errors="replace")
                 result.status, result.error = FAILED, f"HTTP {response.status_code}: {_message(text)}"
                 return
             state = _StreamState(start, max_tokens)
@@ -427,16 +405,6 @@ class _StreamState:
                                   "asked for")
         result.output_tokens = completion
         result.prompt_tokens = prompt
-
-
-async def _read_some(response: httpx.Response, limit: int) -> bytes:
-    """The start of an error answer's body: enough for its message, never an endless body."""
-    body = b""
-    async for chunk in response.aiter_bytes():
-        body += chunk
-        if len(body) >= limit:
-            break
-    return body[:limit]
 
 
 def _message(body: str) -> str:
