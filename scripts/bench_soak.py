@@ -60,14 +60,21 @@ DISCONNECT_AFTER_S = 0.5
 ABORTED_TOKENS = 600
 
 
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def memory_by_process(pid: int) -> tuple[dict[str, int], dict[str, int]]:
     """Resident bytes (RSS) and unique bytes (USS: pages no other process shares, so a library
     paged in once does not count) of each process of a server's tree, by role (vLLM titles its
     processes)."""
-    root = psutil.Process(pid)
     rss: dict[str, int] = {}
     uss: dict[str, int] = {}
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in _tree(pid):
         try:
             title = " ".join(proc.cmdline())
             role = ("supervisor" if "proxima.cli.main" in title else
@@ -141,8 +148,27 @@ class Traffic:
             yield self.job()
 
 
+def dump_stacks(pid: int, path: Path) -> None:
+    """Every Python stack of the server's processes (py-spy, when installed) into `path`: what a
+    server that stopped finishing its requests was doing."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    lines = []
+    for proc in _tree(pid):
+        try:
+            done = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
+                                  timeout=60)
+            lines += [f"== {proc.pid} {' '.join(proc.cmdline())[:120]}", done.stdout, done.stderr]
+        except (OSError, subprocess.SubprocessError, psutil.Error) as err:
+            lines.append(f"== {proc.pid}: no stacks ({err})")
+    write_atomic(path, "\n".join(lines))
+
+
 async def soak_one(label: str, server: ManagedServer, model: str, args, t0: float) -> dict:
     quiet: list[dict] = []
+    dumped = False
     async with new_http_client(120.0) as http:
         first = (await http.get(f"{server.url}/metrics")).text
         traffic = Traffic(http, server.url, model, args.seed, args.abort_after_s)
@@ -151,6 +177,10 @@ async def soak_one(label: str, server: ManagedServer, model: str, args, t0: floa
             while time.monotonic() - t0 < args.duration:
                 await run_jobs(traffic.until(time.monotonic() + args.burst_s), args.concurrency)
                 idle = await wait_idle(http, server.url, timeout_s=60.0, poll_s=0.2)
+                if idle is None and not dumped:  # a minute after its burst it still has work: why?
+                    dumped = True
+                    path = args.out / f"{label}-stacks-{time.monotonic() - t0:.0f}s.txt"
+                    await asyncio.to_thread(dump_stacks, server.pid, path)
                 await asyncio.sleep(1.0)  # the engine's idle publish, the allocator settled
                 snap = await scrape(http, server.url)
                 kv = snap.proxima
