@@ -9,6 +9,8 @@ memory pressure. Stock vLLM dies on both requests below (every later request the
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import psutil
 import pytest
@@ -77,6 +79,26 @@ def test_a_reset_at_rest_reads_zero_cached_slots_without_another_request(small_s
     assert r.status_code == 200 and r.json().get("success") is not False, r.text
     kv = scrape_sync(small_server.url, timeout=30).proxima  # at rest: no step has run since
     assert (kv.slots_cached, kv.slots_used, kv.slots_free) == (0, 0, kv.slots_total), (cached, kv)
+
+
+def test_an_abort_that_leaves_the_engine_at_rest_reads_zero_slots(small_server, tiny_model):
+    """The client drops the only request mid-stream: vLLM aborts it and the engine sleeps without
+    another step, so the gauges are published from the abort itself."""
+    body = {"model": tiny_model, "prompt": "the quick brown fox", "max_tokens": 900, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", f"{small_server.url}/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for k, _ in enumerate(r.iter_lines()):
+            if k == 4:
+                break  # leaving the block closes the connection: vLLM aborts the request
+    used = None
+    for _ in range(100):
+        used = scrape_sync(small_server.url, timeout=30).proxima.slots_used
+        if used == 0:
+            break
+        time.sleep(0.2)
+    assert used == 0, used
+    _still_serving(small_server, tiny_model)
 
 
 def test_the_supervisor_stays_small(small_server):
