@@ -253,11 +253,16 @@ def preflight_in_child(request: ServeRequest) -> ServeCommand:
                                  stdin=subprocess.PIPE, pass_fds=(write_end,))
     finally:
         os.close(write_end)
-    with os.fdopen(read_end, "rb") as answers:
-        assert child.stdin is not None
-        child.stdin.write(json.dumps(asdict(request)).encode())
-        child.stdin.close()
-        answer = answers.read()  # until the child exits (it holds the only write end)
+    try:
+        with os.fdopen(read_end, "rb") as answers:
+            assert child.stdin is not None
+            child.stdin.write(json.dumps(asdict(request)).encode())
+            child.stdin.close()
+            answer = answers.read()  # until the child exits (it holds the only write end)
+    except BaseException:  # Ctrl-C while the child imports vLLM: it does not outlive us
+        child.kill()
+        child.wait()
+        raise
     code = child.wait()
     try:
         result = json.loads(answer)

@@ -38,6 +38,8 @@ def serve(
         command = preflight_in_child(ServeRequest(model, proxima_allocator, vllm_args, otlp_metrics_endpoint))
     except ProximaConfigError as err:
         fail(str(err))
+    except KeyboardInterrupt:
+        fail("interrupted while checking the configuration; nothing was started", code=130)
     for note in command.notes:
         typer.echo(f"proxima: {note}", err=True)
     if check_only:
