@@ -192,6 +192,8 @@ def _check_plausible(snap: ServerSnapshot, kv_usage: dict[str | None, float]) ->
     kv = snap.proxima
     if kv is None:
         return
+    if kv.granularity < 1:
+        raise MalformedMetrics(f"{c.ALLOCATOR_INFO.name}: block_size {kv.granularity} is not a positive size")
     total = kv.slots_total
     # Each against the capacity alone (static), never against each other: a scrape can land between
     # two gauge writes, so used + free may briefly differ from the total.
