@@ -169,12 +169,17 @@ def dump_stacks(pid: int, path: Path) -> None:
 async def soak_one(label: str, server: ManagedServer, model: str, args, t0: float) -> dict:
     quiet: list[dict] = []
     dumped = False
+    died_at = None
     async with new_http_client(120.0) as http:
         first = (await http.get(f"{server.url}/metrics")).text
         traffic = Traffic(http, server.url, model, args.seed, args.abort_after_s)
         sampler = Sampler(server.url, 1.0, here=True, pid=server.pid, t0=t0)
         async with sampler.running(final=False):
             while time.monotonic() - t0 < args.duration:
+                if not server.alive():  # its engine died (vLLM ends the server): nothing left to soak
+                    died_at = time.monotonic() - t0
+                    print(f"[{died_at:6.0f} s] {label}: the server exited", file=sys.stderr, flush=True)
+                    break
                 await run_jobs(traffic.until(time.monotonic() + args.burst_s), args.concurrency)
                 idle = await wait_idle(http, server.url, timeout_s=60.0, poll_s=0.2)
                 if idle is None and not dumped:  # a minute after its burst it still has work: why?
@@ -194,12 +199,14 @@ async def soak_one(label: str, server: ManagedServer, model: str, args, t0: floa
                       f"slots_used={quiet[-1]['slots_used']} RSS "
                       + " ".join(f"{k}={v / 2**20:.0f}" for k, v in sorted(rss.items())) + " MiB",
                       file=sys.stderr, flush=True)
-        last = (await http.get(f"{server.url}/metrics")).text
+        last = first if died_at is not None else (await http.get(f"{server.url}/metrics")).text
     timeline = [{"t": s.t, "ok": s.snapshot.ok, "rss": s.rss_bytes, "running": s.snapshot.running,
                  "waiting": s.snapshot.waiting,
                  "slots_used": s.snapshot.proxima.slots_used if s.snapshot.proxima else None}
                 for s in sampler.samples]
-    return summarize(label, first, last, traffic, quiet, timeline, args)
+    result = summarize(label, first, last, traffic, quiet, timeline, args)
+    result["server_exited_at_s"] = died_at
+    return result
 
 
 REASONS = ("length", "stop", "abort", "error")
@@ -241,6 +248,7 @@ def summarize(label, first: str, last: str, traffic: Traffic, quiet: list[dict],
     completed = sum(n for (k, o), n in outcomes.items() if (k in ("stream", "complete") and o == "ok")
                     or o == "finished")
     served = {r: finished(last, r) - finished(first, r) for r in REASONS}
+    quiet = [q for q in quiet if q["rss_by_process"]]  # none once the server is gone
     end = quiet[-1]["t"]
     warm = args.warmup_share * end
     first_q, last_q = quiet[0]["rss_by_process"], quiet[-1]["rss_by_process"]
@@ -295,7 +303,7 @@ def main() -> int:
     write_atomic(args.out / "summary.json", json.dumps(brief, indent=1))
     print(json.dumps(brief, indent=1))
     ok = all(not r["lost"] and r["slots_zero_after_every_burst"] and r["server_finished"]["error"] == 0
-             for r in results)
+             and r["server_exited_at_s"] is None for r in results)
     return 0 if ok and not any(math.isnan(r["duration_s"]) for r in results) else 1
 
 
