@@ -199,7 +199,11 @@ async def soak_one(label: str, server: ManagedServer, model: str, args, t0: floa
                       f"slots_used={quiet[-1]['slots_used']} RSS "
                       + " ".join(f"{k}={v / 2**20:.0f}" for k, v in sorted(rss.items())) + " MiB",
                       file=sys.stderr, flush=True)
-        last = first if died_at is not None else (await http.get(f"{server.url}/metrics")).text
+        try:
+            last = (await http.get(f"{server.url}/metrics")).text
+        except httpx.HTTPError:  # gone since its last burst: its counts end where they began
+            died_at = died_at if died_at is not None else time.monotonic() - t0
+            last = first
     timeline = [{"t": s.t, "ok": s.snapshot.ok, "rss": s.rss_bytes, "running": s.snapshot.running,
                  "waiting": s.snapshot.waiting,
                  "slots_used": s.snapshot.proxima.slots_used if s.snapshot.proxima else None}
