@@ -138,6 +138,7 @@ class DoctorOptions:
     compare_url: str | None = None
     typical_tokens: int | None = None  # prompt + generation tokens of a typical request
     max_num_seqs: int | None = None  # not in /metrics: vLLM does not export its scheduler config
+    api_key: str | None = field(default=None, repr=False)  # sent with every request; never reported
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from proxima.fetch import get_json
 from proxima.gpu import GpuSnapshot, read_gpus
 from proxima.probes.base import (
     Evidence,
@@ -76,12 +77,12 @@ def local_versions() -> dict[str, str | None]:
 
 
 async def server_version(client: httpx.AsyncClient, url: str) -> str | None:
+    """The server's `/version` (a short string), or None for no answer or an odd one."""
     try:
-        response = await client.get(url + "/version", timeout=5.0)
-        response.raise_for_status()
-        return str(response.json().get("version"))
+        version = (await get_json(client, url + "/version", 5.0, max_bytes=64 << 10)).get("version")
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
+    return version if isinstance(version, str) and 0 < len(version) <= 100 else None
 
 
 @dataclass(frozen=True, slots=True)

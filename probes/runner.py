@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
 
-from proxima.fetch import first_model
+from proxima.fetch import auth_headers, describe_http_error, first_model, get_json
 from proxima.hosts import find_server_pid, is_this_host
 from proxima.load import LoadDriver
-from proxima.probes.base import DoctorOptions, ProbeContext, ProbeResult, Status
-from proxima.scrape import describe_http_error, scrape
+from proxima.probes.base import SAMPLE_TIMEOUT_S, DoctorOptions, ProbeContext, ProbeResult, Status
+from proxima.scrape import scrape
 
 logger = logging.getLogger(__name__)
 
@@ -97,18 +96,23 @@ def exit_code(results: Sequence[ProbeResult]) -> int:
     return 0
 
 
+# /v1/models in all, however the server answers (a trickled or endless answer ends here).
+DISCOVER_TIMEOUT_S = 10.0
+
+
 async def discover(client: httpx.AsyncClient, url: str) -> tuple[str | None, int | None, str | None]:
-    """(model name, max_model_len, error) from the server's /v1/models."""
+    """(model name, max_model_len, error) from the server's /v1/models; the error is one line
+    naming the server and what is wrong."""
+    url = url.rstrip("/")
     try:
-        response = await client.get(url.rstrip("/") + "/v1/models", timeout=10.0)
-        response.raise_for_status()
-        model = first_model(response.json())
-    except (httpx.HTTPError, httpx.InvalidURL) as err:
-        return None, None, describe_http_error(err)
-    except json.JSONDecodeError:
-        return None, None, "/v1/models did not answer JSON; is this an OpenAI-compatible server?"
-    except ValueError as err:  # first_model: not an OpenAI model list
-        return None, None, str(err)
+        model = first_model(await get_json(client, url + "/v1/models", DISCOVER_TIMEOUT_S))
+    except (httpx.ConnectError, httpx.ConnectTimeout) as err:
+        return None, None, f"cannot reach {url}: {describe_http_error(err)}; start the server or pass its URL"
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
+        reason = describe_http_error(err)
+        if "OpenAI" not in reason and "API key" not in reason and "lists no model" not in reason:
+            reason += "; is this an OpenAI-compatible server?"
+        return None, None, f"{url}/v1/models: {reason}"
     return model.id, model.max_model_len, None
 
 
@@ -118,7 +122,12 @@ async def open_context(client: httpx.AsyncClient, url: str, options: DoctorOptio
                        load=LoadDriver(client, url, model), model=model, max_model_len=max_model_len,
                        server_error=error)
     if error is None:
-        ctx.baseline = await scrape(client, ctx.url)
+        # Every check but determinism judges /metrics: a page that cannot be read (or is no vLLM
+        # server's) ends the doctor here, in one line, rather than in checks "measured" on nothing.
+        ctx.baseline = await scrape(client, ctx.url, SAMPLE_TIMEOUT_S)
+        if not ctx.baseline.ok:
+            ctx.server_error = f"{ctx.url}/metrics is unusable: {ctx.baseline.error}"
+            return ctx
         ctx.server_here = is_this_host(ctx.url)
         ctx.server_pid = find_server_pid(ctx.url)
     return ctx
@@ -147,12 +156,13 @@ async def run_doctor(
 ) -> DoctorReport:
     options = options or DoctorOptions()
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-    async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+    headers = auth_headers(options.api_key)
+    async with httpx.AsyncClient(limits=limits, timeout=30.0, headers=headers) as client:
         ctx = await open_context(client, url, options)
         results: list[ProbeResult] = []
         for i, name in enumerate(checks):
             if ctx.server_error is not None:
-                results.append(ProbeResult(name, Status.ERROR, f"cannot reach {ctx.url}: {ctx.server_error}"))
+                results.append(ProbeResult(name, Status.ERROR, ctx.server_error))
                 continue
             if on_progress is not None:
                 on_progress(name, i, len(checks))

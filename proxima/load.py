@@ -28,10 +28,23 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
+
+from proxima.fetch import (
+    MAX_EVENT_BYTES,
+    MAX_STREAM_BYTES,
+    MalformedAnswer,
+    auth_headers,
+    completion_answer,
+    describe_http_error,
+    fetch,
+    is_count,
+    parse_json,
+    read_start,
+)
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bad kings "
@@ -80,12 +93,13 @@ def chat_url(url: str) -> str:
     return url.rstrip("/") + "/v1/chat/completions"
 
 
-def new_http_client(request_timeout_s: float) -> httpx.AsyncClient:
+def new_http_client(request_timeout_s: float, api_key: str | None = None) -> httpx.AsyncClient:
     """A client for load: no connection limit, because a queue inside the client would be
-    measured as server latency."""
+    measured as server latency. `api_key` goes with every request (vLLM's --api-key)."""
     return httpx.AsyncClient(
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
         timeout=httpx.Timeout(request_timeout_s, connect=10.0),
+        headers=auth_headers(api_key),
     )
 
 
@@ -134,7 +148,9 @@ class LoadDriver:
     async def complete(self, prompt: str, max_tokens: int, *, temperature: float = 0.0,
                        seed: int | None = None, ignore_eos: bool = True, timeout: float = 60.0,
                        url: str | None = None, model: str | None = None) -> Completion:
-        """One /v1/completions request. Never raises for a server's failure (cancellation passes)."""
+        """One /v1/completions request, read whole within `timeout` s and `MAX_ANSWER_BYTES`.
+        Never raises for a server's failure (cancellation passes); an answer of the wrong shape
+        is a failed one."""
         body = completion_body(model or self.model, prompt, max_tokens, temperature=temperature,
                                ignore_eos=ignore_eos, seed=seed)
         return await self._send(completions_url(url or self.url), body, timeout)
@@ -149,30 +165,20 @@ class LoadDriver:
     async def _send(self, endpoint: str, body: dict, timeout: float, chat: bool = False) -> Completion:
         start = time.perf_counter()
         try:
-            response = await self.client.post(endpoint, json=body, timeout=timeout)
-        except httpx.HTTPError as err:
-            return Completion(ok=False, error=f"{type(err).__name__}: {err}".rstrip(": "),
-                              latency_s=time.perf_counter() - start)
+            answer = await fetch(self.client, "POST", endpoint, timeout, json_body=body)
+        except (httpx.HTTPError, ValueError) as err:  # ValueError: BodyTooLarge
+            return Completion(ok=False, error=describe_http_error(err), latency_s=time.perf_counter() - start)
         latency = time.perf_counter() - start
-        if response.status_code != 200:
-            return Completion(ok=False, error=f"HTTP {response.status_code}: {response.text[:200]}",
+        if answer.status != 200:
+            return Completion(ok=False, error=f"HTTP {answer.status}: {_message(answer.text()[:2000])}",
                               latency_s=latency)
         try:
-            data = response.json()
-            choice = data["choices"][0]
-            usage = data.get("usage") or {}
-            text = choice["message"]["content"] if chat else choice.get("text")
-        except (ValueError, KeyError, IndexError, TypeError) as err:
-            return Completion(ok=False, error=f"unexpected response: {err}", latency_s=latency)
-        ids = choice.get("token_ids")
-        return Completion(
-            ok=True,
-            text=text or "",
-            token_ids=tuple(int(t) for t in ids) if ids is not None else None,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            latency_s=latency,
-        )
+            text, ids, prompt_tokens, completion_tokens = completion_answer(
+                answer.json(), body["max_tokens"], chat=chat)
+        except MalformedAnswer as err:
+            return Completion(ok=False, error=f"malformed answer: {err}", latency_s=latency)
+        return Completion(ok=True, text=text, token_ids=ids, prompt_tokens=prompt_tokens,
+                          completion_tokens=completion_tokens, latency_s=latency)
 
     async def burst(self, prompts: Sequence[str], max_tokens: int, timeout: float,
                     **kwargs) -> list[Completion]:
@@ -199,17 +205,13 @@ class LoadDriver:
     async def _each_once(self, requests: Sequence[tuple], concurrency: int, send,
                          kwargs: dict) -> list[Completion]:
         results: list[Completion] = [Completion(ok=False, error="not sent")] * len(requests)
-        pending = iter(enumerate(requests))  # one shared iterator: each request goes to one worker
 
-        async def worker() -> None:
-            for index, (what, max_tokens) in pending:
+        def job(index: int, what, max_tokens: int) -> Callable[[], Awaitable[None]]:
+            async def run() -> None:
                 results[index] = await send(what, max_tokens, **kwargs)
+            return run
 
-        tasks = [asyncio.ensure_future(worker()) for _ in range(max(1, concurrency))]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            await _cancel(tasks)
+        await run_jobs((job(i, p, n) for i, (p, n) in enumerate(requests)), concurrency)
         return results
 
     @contextlib.asynccontextmanager
@@ -236,6 +238,23 @@ class LoadDriver:
         finally:
             stopping = True
             await _cancel(tasks)
+
+
+async def run_jobs(jobs: Iterable[Callable[[], Awaitable[object]]], concurrency: int) -> None:
+    """The worker pool under `each_once` (and a soak's mixed traffic): `concurrency` workers take
+    jobs from one shared iterator until it ends, so each job runs once and `concurrency` are in
+    flight; every worker is cancelled and awaited before this returns."""
+    pending = iter(jobs)
+
+    async def worker() -> None:
+        for job in pending:
+            await job()
+
+    tasks = [asyncio.ensure_future(worker()) for _ in range(max(1, concurrency))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        await _cancel(tasks)
 
 
 async def _cancel(tasks: Sequence[asyncio.Future]) -> None:
@@ -286,10 +305,13 @@ class StreamingClient:
         return completion_body(self.model, prompt, max_tokens, stream=True)
 
     async def send(self, prompt: str, max_tokens: int, result: RequestResult) -> RequestResult:
+        """Stream one request into `result`. Every way it can end is a status: ok, failed (with
+        the reason) or timed out, and cancelled only when the caller cancels; a server's answer
+        of any shape never escapes as an exception, so no request is lost from the counts."""
         result.sent_at = time.perf_counter()
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                await self._stream(self.payload(prompt, max_tokens), result)
+                await self._stream(self.payload(prompt, max_tokens), max_tokens, result)
         except TimeoutError:
             result.status, result.error = TIMED_OUT, f"no complete answer within {self.request_timeout_s:g}s"
         except httpx.ConnectError:
@@ -298,28 +320,37 @@ class StreamingClient:
             result.status, result.error = FAILED, f"connection lost: {type(err).__name__}"
         except httpx.HTTPError as err:
             result.status, result.error = FAILED, f"{type(err).__name__}: {err}"
+        except MalformedAnswer as err:
+            result.status, result.error = FAILED, f"malformed stream: {err}"
         except asyncio.CancelledError:
             result.status = CANCELLED
             raise
+        except Exception as err:  # noqa: BLE001 (a bug here must cost one request, counted, not the run)
+            result.status, result.error = FAILED, f"unexpected answer ({type(err).__name__}: {err})"
         return result
 
-    async def _stream(self, body: dict, result: RequestResult) -> None:
+    async def _stream(self, body: dict, max_tokens: int, result: RequestResult) -> None:
         start = result.sent_at
         async with self.http.stream("POST", self.endpoint, json=body) as response:
             if response.status_code != 200:
-                text = (await response.aread())[:300].decode(errors="replace")
+                text = (await read_start(response, 2000)).decode(errors="replace")
                 result.status, result.error = FAILED, f"HTTP {response.status_code}: {_message(text)}"
                 return
-            state = _StreamState(start)
+            state = _StreamState(start, max_tokens)
             buffer = b""
+            received = 0
             # Bytes split on the SSE event separator (cheaper than aiter_lines(): the client
             # may share a few cores with the server).
             async for raw in response.aiter_bytes():
                 now = time.perf_counter()
+                received += len(raw)
                 buffer += raw
                 if b"\r" in buffer:
                     buffer = buffer.replace(b"\r\n", b"\n")
                 *events, buffer = buffer.split(b"\n\n")
+                if len(buffer) > MAX_EVENT_BYTES or received > MAX_STREAM_BYTES:
+                    raise MalformedAnswer(f"an event over {MAX_EVENT_BYTES >> 20} MiB or a stream over "
+                                          f"{MAX_STREAM_BYTES >> 20} MiB")
                 for event in events:
                     for line in event.split(b"\n"):
                         if line.startswith(b"data:") and not state.take(line[5:].strip(), now, result):
@@ -339,12 +370,13 @@ class StreamingClient:
 
 
 class _StreamState:
-    """Token timing across the events of one stream."""
+    """Token timing across the events of one stream, each event checked before it counts."""
 
-    __slots__ = ("finished", "previous", "start")
+    __slots__ = ("finished", "max_tokens", "previous", "start")
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, max_tokens: int) -> None:
         self.start = start
+        self.max_tokens = max_tokens
         self.previous: float | None = None
         self.finished = False
 
@@ -354,37 +386,68 @@ class _StreamState:
             self.finished = True
             return True
         try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
-            result.status, result.error = FAILED, "malformed stream chunk"
-            return False
-        if choices := chunk.get("choices"):
-            result.num_chunks += 1
-            if result.text is not None:
-                result.text.append(choices[0].get("text") or "")
-            if self.previous is None:
-                result.ttft = now - self.start
-            else:
-                result.itls.append(now - self.previous)
-            self.previous = now
-            result.last_token_at = now - self.start
-        elif usage := chunk.get("usage"):
-            result.output_tokens = int(usage.get("completion_tokens") or 0)
-            result.prompt_tokens = usage.get("prompt_tokens")
-        elif error := chunk.get("error"):
-            result.status, result.error = FAILED, f"server error: {_message(json.dumps(error))}"
+            chunk = parse_json(data)
+            if not isinstance(chunk, dict):
+                shown = _message(data.decode(errors="replace"))
+                raise MalformedAnswer(f"a chunk that is not an object ({shown})")
+            if self.finished:
+                raise MalformedAnswer("a chunk after [DONE]")
+            if error := chunk.get("error"):
+                result.status, result.error = FAILED, f"server error: {_message(json.dumps(error))}"
+                return False
+            self._token(chunk, now, result)
+            self._usage(chunk, result)
+        except MalformedAnswer as err:
+            result.status, result.error = FAILED, f"malformed stream chunk: {err}"
             return False
         return True
+
+    def _token(self, chunk: dict, now: float, result: RequestResult) -> None:
+        choices = chunk.get("choices")
+        if choices is None or choices == []:
+            return
+        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise MalformedAnswer('"choices" is not a list of objects')
+        text = choices[0].get("text")
+        if text is not None and not isinstance(text, str):
+            raise MalformedAnswer('"text" is not a string')
+        result.num_chunks += 1
+        # One chunk a token, and at most one more (a last chunk that only carries finish_reason).
+        if result.num_chunks > self.max_tokens + 1:
+            raise MalformedAnswer(f"more token chunks than the {self.max_tokens} tokens asked for")
+        if result.text is not None:
+            result.text.append(text or "")
+        if self.previous is None:
+            result.ttft = now - self.start
+        else:
+            result.itls.append(now - self.previous)
+        self.previous = now
+        result.last_token_at = now - self.start
+
+    def _usage(self, chunk: dict, result: RequestResult) -> None:
+        usage = chunk.get("usage")
+        if usage is None:
+            return
+        if not isinstance(usage, dict):
+            raise MalformedAnswer('"usage" is not an object')
+        completion, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        if not is_count(completion) or (prompt is not None and not is_count(prompt)):
+            raise MalformedAnswer('"usage" token counts are not counts')
+        if completion > self.max_tokens:
+            raise MalformedAnswer(f"usage says {completion} tokens, more than the {self.max_tokens} "
+                                  "asked for")
+        result.output_tokens = completion
+        result.prompt_tokens = prompt
 
 
 def _message(body: str) -> str:
     """The `message` of an OpenAI-style error body, else the body itself, on one line."""
     try:
-        parsed = json.loads(body)
+        parsed = parse_json(body)
         found = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
         if isinstance(found, dict):
             found = found.get("message", found)
         text = str(found)
-    except (json.JSONDecodeError, AttributeError):
+    except MalformedAnswer:
         text = body
     return " ".join(text.split())[:200]

@@ -1,9 +1,12 @@
 """vLLM general plugin: loaded by every vLLM process (API server, EngineCore, workers).
 
-It must stay cheap and idempotent. With PROXIMA_ALLOCATOR=token it points vLLM's attention
-backend registry at Proxima's slot-table backend: the CUSTOM entry (chosen with
-`--attention-backend CUSTOM` on CUDA) and the CPU_ATTN entry, because the CPU platform ignores
-`--attention-backend` and always asks for CPU_ATTN. Otherwise it changes nothing.
+It must stay cheap and idempotent. With PROXIMA_ALLOCATOR set (token or block: `proxima serve`)
+it installs the request guards (`proxima.engine.request_guards`: two requests that end stock
+vLLM's engine are answered instead), each in the process that needs it. With
+PROXIMA_ALLOCATOR=token it also points vLLM's attention backend registry at Proxima's slot-table
+backend: the CUSTOM entry (chosen with `--attention-backend CUSTOM` on CUDA) and the CPU_ATTN
+entry, because the CPU platform ignores `--attention-backend` and always asks for CPU_ATTN.
+Without PROXIMA_ALLOCATOR it changes nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ def register() -> None:
     except ProximaConfigError as err:
         logger.error("Proxima plugin left off: %s", err)
         return
+    if settings.allocator is None:
+        return
+    from proxima.engine.request_guards import install
+
+    install()
     if not settings.token_slots:
         return
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend

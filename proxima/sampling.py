@@ -87,7 +87,8 @@ class Sampler:
 
     def __init__(self, url: str, interval_s: float, *, client: httpx.AsyncClient | None = None,
                  timeout_s: float = SCRAPE_TIMEOUT_S, here: bool | None = None, pid: int | None = None,
-                 t0: float | None = None, off_loop: bool = False, gpu_reader: GpuReader = read_gpus) -> None:
+                 t0: float | None = None, off_loop: bool = False, gpu_reader: GpuReader = read_gpus,
+                 headers: dict[str, str] | None = None) -> None:
         self.url = url
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -98,6 +99,7 @@ class Sampler:
         self.samples: list[Sample] = []
         self._client = client
         self._gpu_reader = gpu_reader
+        self._headers = headers  # for the clients it makes itself (a given client has its own)
         self._blocking: httpx.Client | None = None
 
     @property
@@ -119,7 +121,7 @@ class Sampler:
         if self.off_loop:
             return await asyncio.to_thread(self._read_blocking, t)
         if self._client is None:
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(headers=self._headers) as client:
                 snapshot = await scrape(client, self.url, self.timeout_s)
         else:
             snapshot = await scrape(self._client, self.url, self.timeout_s)
@@ -146,10 +148,10 @@ class Sampler:
             return
         async with contextlib.AsyncExitStack() as stack:
             if self.off_loop:
-                self._blocking = stack.enter_context(httpx.Client())
+                self._blocking = stack.enter_context(httpx.Client(headers=self._headers))
                 stack.callback(setattr, self, "_blocking", None)
             elif self._client is None:  # one connection for the whole run, not one per reading
-                self._client = await stack.enter_async_context(httpx.AsyncClient())
+                self._client = await stack.enter_async_context(httpx.AsyncClient(headers=self._headers))
                 stack.callback(setattr, self, "_client", None)
             stop = asyncio.Event()
             task = asyncio.ensure_future(self._loop(stop))

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from proxima.exposition import Samples
-from proxima.fetch import MAX_METRICS_BYTES, BodyTooLarge, get_text, get_text_sync
+from proxima.exposition import MalformedMetrics, Samples
+from proxima.fetch import MAX_METRICS_BYTES, describe_http_error, get_text, get_text_sync
 from proxima.histograms import HistogramSnapshot, merge_histograms
 from proxima.kv_snapshot import KVSnapshot, read_engines
 from proxima.metrics import catalog as c
@@ -120,8 +120,14 @@ def _histogram(s: Samples, name: str, engine: str | None = None, **labels: str) 
 
 def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = None,
                   engine: str | None = None) -> ServerSnapshot:
-    """Turn one `/metrics` exposition into a snapshot (summed over engines unless `engine`)."""
+    """Turn one `/metrics` exposition into a snapshot (summed over engines unless `engine`).
+
+    Raises `MalformedMetrics` for a page that is not a vLLM server's (no `vllm:` series: an empty
+    or binary body, a proxy's error page) or whose figures cannot be true (`_check_plausible`)."""
     s = Samples(text)
+    if not s.has_vllm:
+        raise MalformedMetrics("no vLLM metrics in the answer (an empty page, or not a vLLM server's "
+                               "/metrics)")
     v = c.Vllm
     info = s.labels_of(v.CACHE_CONFIG_INFO)
     models = [lab.get("model_name") for lab in s.labels_of(v.RUNNING) if lab.get("model_name")]
@@ -135,7 +141,7 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
     blocks = {lab.get("engine"): _as_int(lab.get("num_gpu_blocks")) for lab in info}
     kv_usage = {x.labels.get("engine"): x.value for x in s.by_name.get(v.KV_USAGE, ())
                 if engine is None or x.labels.get("engine") == engine}
-    return ServerSnapshot(
+    snapshot = ServerSnapshot(
         url=url,
         taken_at=time.time() if taken_at is None else taken_at,
         ok=True,
@@ -164,6 +170,46 @@ def parse_metrics(text: str, url: str = DEFAULT_URL, taken_at: float | None = No
         cache_config=config,
         proxima=read_engines(s, engine),
     )
+    _check_plausible(snapshot, kv_usage)
+    return snapshot
+
+
+# Slack for ratios and comparisons of figures written as floats.
+_EPS = 1e-6
+
+
+def _check_plausible(snap: ServerSnapshot, kv_usage: dict[str | None, float]) -> None:
+    """Figures that cannot all be true at once (each is finite and >= 0 already, `Samples`)."""
+    for engine, usage in kv_usage.items():
+        if usage > 1 + _EPS:
+            where = f' (engine "{engine}")' if engine else ""
+            raise MalformedMetrics(f"{c.Vllm.KV_USAGE} is {usage:g}{where}, above 1 (a share of the "
+                                   "KV cache)")
+    for name in ("block_size", "num_gpu_blocks"):
+        value = getattr(snap, name)
+        if value is not None and value <= 0:
+            raise MalformedMetrics(f"{c.Vllm.CACHE_CONFIG_INFO}: {name} {value} is not a positive size")
+    kv = snap.proxima
+    if kv is None:
+        return
+    if kv.granularity < 1:
+        raise MalformedMetrics(f"{c.ALLOCATOR_INFO.name}: block_size {kv.granularity} is not a positive size")
+    total = kv.slots_total
+    # Each against the capacity alone (static), never against each other: a scrape can land between
+    # two gauge writes, so used + free may briefly differ from the total.
+    for spec in (c.SLOTS_USED, c.SLOTS_FREE, c.SLOTS_CACHED, c.LIVE_TOKENS, c.LARGEST_FREE_RUN):
+        value = kv.figure(spec.figure)
+        if value > total + _EPS:
+            raise MalformedMetrics(f"{spec.name} is {value:g}, more than the {total:g} slots of "
+                                   f"{c.SLOTS_TOTAL.name}")
+    # Shares of something that exists (block usage is not one: what blocks *would* need can exceed
+    # the capacity that token slots fit).
+    ratios = {c.OCCUPANCY_MAP.name: max(kv.occupancy, default=0.0)}
+    ratios |= {spec.name: kv.figure(spec.figure)
+               for spec in (c.TOKEN_USAGE, c.FRAGMENTATION, c.BLOCK_FRAGMENTATION)}
+    for name, value in ratios.items():
+        if value > 1 + _EPS:
+            raise MalformedMetrics(f"{name} is {value:g}, above 1 (a share)")
 
 
 def _weighted(ratios: dict[str | None, float], weights: dict[str | None, int | None]) -> float:
@@ -199,9 +245,14 @@ def parse_or_error(text: str, url: str, taken_at: float, engine: str | None = No
     """`parse_metrics`, with any failure to parse made this server's error and nothing else."""
     try:
         return parse_metrics(text, url, taken_at, engine)
+    except MalformedMetrics as err:
+        error = f"unreadable /metrics: {err}"
     except Exception as err:  # noqa: BLE001 (any parser bug or odd exposition: one server's problem)
-        return ServerSnapshot(url=url, taken_at=taken_at, ok=False,
-                              error=f"unreadable /metrics: {type(err).__name__}: {err}")
+        error = f"unreadable /metrics: {type(err).__name__}: {err}"
+    # One line, and a bounded one: the message may quote the server's own text.
+    error = " ".join(error.split())
+    return ServerSnapshot(url=url, taken_at=taken_at, ok=False,
+                          error=error if len(error) <= 300 else error[:297] + "...")
 
 
 async def scrape(client: httpx.AsyncClient, url: str, timeout: float = 5.0,
@@ -211,31 +262,32 @@ async def scrape(client: httpx.AsyncClient, url: str, timeout: float = 5.0,
     try:
         text = await get_text(client, url.rstrip("/") + "/metrics", timeout, max_bytes)
     except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
-        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=describe_http_error(err))
+        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=_metrics_error(err))
     # Parsing is pure Python and takes seconds for a huge exposition: off the caller's event loop
     # (the TUI's), so one server's /metrics never freezes the others.
     return await asyncio.to_thread(parse_or_error, text, url, taken_at, engine)
 
 
 def scrape_sync(url: str, timeout: float = 5.0, engine: str | None = None,
-                client: httpx.Client | None = None, max_bytes: int = MAX_METRICS_BYTES) -> ServerSnapshot:
-    """Blocking scrape. Pass a `client` to reuse one connection (and TLS set-up) across scrapes."""
+                client: httpx.Client | None = None, max_bytes: int = MAX_METRICS_BYTES,
+                headers: dict[str, str] | None = None) -> ServerSnapshot:
+    """Blocking scrape. Pass a `client` to reuse one connection (and TLS set-up) across scrapes;
+    `headers` (an API key's) go with a scrape that makes its own."""
+    if client is None and headers:
+        with httpx.Client(headers=headers) as own:
+            return scrape_sync(url, timeout, engine, own, max_bytes)
     taken_at = time.time()
     try:
         text = get_text_sync(client, url.rstrip("/") + "/metrics", timeout, max_bytes)
     except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
-        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=describe_http_error(err))
+        return ServerSnapshot(url=url, taken_at=taken_at, ok=False, error=_metrics_error(err))
     return parse_or_error(text, url, taken_at, engine)
 
 
-def describe_http_error(err: Exception) -> str:
-    """One line for an HTTP failure, as the tools show it."""
-    if isinstance(err, httpx.ConnectError):
-        return "connection refused (is the server running?)"
-    if isinstance(err, httpx.TimeoutException):
-        return "timed out"
-    if isinstance(err, httpx.HTTPStatusError):
-        return f"HTTP {err.response.status_code}"
-    if isinstance(err, BodyTooLarge):
-        return str(err)
-    return f"{type(err).__name__}: {err}"
+def _metrics_error(err: Exception) -> str:
+    """A failed /metrics read in one line; "connection refused" and "timed out" stay as they are
+    (the dashboard's commonest states), the rest says it was /metrics that failed."""
+    text = describe_http_error(err)
+    if isinstance(err, (httpx.ConnectError, httpx.TimeoutException)):
+        return text
+    return f"/metrics: {text}"

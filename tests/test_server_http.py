@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from proxima.scrape import scrape_sync
+from proxima.server_process import free_port
 
 pytestmark = pytest.mark.engine
 
@@ -141,7 +142,7 @@ def test_shared_prompts_hit_the_token_prefix_cache_and_reset_empties_it(proxima_
 def test_unsupported_option_is_refused_before_start(tiny_model):
     proc = subprocess.run(
         [sys.executable, "-m", "proxima.cli.main", "serve", tiny_model, "--kv-cache-dtype",
-         "turboquant_k8v4"],
+         "turboquant_k8v4", "--port", str(free_port())],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2

@@ -18,7 +18,7 @@ from proxima.bench.servers import _server
 from proxima.cli.main import app
 from proxima.scrape import scrape, scrape_sync
 from proxima.tui.collector import Collector
-from tests.standin_servers import StandInServer, json_body
+from tests.standin_servers import StandInServer, json_body, vllm_routes
 from tests.top_support import MetricsServer
 
 DATA = Path(__file__).parent / "data" / "top"
@@ -69,7 +69,7 @@ def test_a_trickling_server_costs_one_budget_and_the_others_still_show():
         sync = scrape_sync(slow.url, timeout=1.0)
         sync_elapsed = time.monotonic() - sync_start
     trickled, ok = frame.servers
-    assert not trickled.ok and trickled.error == "timed out"
+    assert not trickled.ok and trickled.error == "timed out (no complete answer within 1 s)"
     assert ok.ok
     assert elapsed < 2.0, elapsed  # the whole body would take minutes at a byte per 10 ms
     assert not sync.ok and sync_elapsed < 2.5, sync_elapsed
@@ -242,3 +242,41 @@ def test_a_bench_label_with_a_slash_names_a_log_file_in_the_log_directory(tmp_pa
     plan = LaunchPlan("model", ("token",), ("proxima/token",), (), False, tmp_path / "logs")
     server = _server(plan, "token", "proxima/token")
     assert server.spec.log_path.parent == tmp_path / "logs"
+
+
+def test_bench_out_never_writes_through_a_planted_symlink(tmp_path):
+    """A link planted where bench writes (its old fixed temporary names, or the results files
+    themselves) is replaced, never followed: the file it points to is left as it was."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    names = ("results.json", "results.csv", "report.html", "workload.jsonl", "report.png")
+    for name in names:
+        (out / name).symlink_to(victim)
+        (out / f".{name}.tmp").symlink_to(victim)
+    with StandInServer(vllm_routes()) as server:
+        result = runner.invoke(app, ["bench", "--url", server.url, "-c", "1", "-n", "1", "--max-tokens", "4",
+                                     "--sample-interval", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert victim.read_text() == "precious"
+    written = [name for name in names if (out / name).exists() and not (out / name).is_symlink()]
+    assert "results.json" in written and "workload.jsonl" in written, written
+    assert json.loads((out / "results.json").read_text())["runs"]
+    assert sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()) == []
+
+
+def test_writers_into_one_file_never_mix_or_leave_temporary_files(tmp_path):
+    import threading
+
+    from proxima.files import write_atomic
+
+    path = tmp_path / "results.json"
+    texts = [str(k) * 200_000 for k in range(8)]
+    threads = [threading.Thread(target=write_atomic, args=(path, text)) for text in texts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert path.read_text() in texts  # one writer's whole file, not a mix
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]

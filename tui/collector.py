@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
+from proxima.fetch import auth_headers
 from proxima.gpu import GpuSnapshot, read_gpus
 from proxima.hosts import is_this_host
 from proxima.sampling import SCRAPE_TIMEOUT_S, read_servers
@@ -36,8 +37,9 @@ class Collector:
     """Scrapes a fixed list of servers; one shared HTTP client keeps connections alive."""
 
     def __init__(self, urls: Sequence[str], gpu_reader: Callable[[], tuple[GpuSnapshot, ...]] = read_gpus,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, api_key: str | None = None) -> None:
         self.urls = tuple(urls)
+        self._headers = auth_headers(api_key)
         self.read_gpus_here = any(is_this_host(u) for u in self.urls)
         self._gpu_reader = gpu_reader
         self._clock = clock
@@ -45,7 +47,7 @@ class Collector:
 
     async def collect(self, timeout: float = SCRAPE_TIMEOUT_S) -> Frame:
         if self._client is None:
-            self._client = httpx.AsyncClient()
+            self._client = httpx.AsyncClient(headers=self._headers)
         taken_at = self._clock()
         snapshots, gpus = await read_servers(self._client, self.urls, timeout,
                                              self._gpu_reader if self.read_gpus_here else None)

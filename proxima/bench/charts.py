@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from proxima.bench.results import CONCURRENCY, RATE, BenchResult
+from proxima.files import atomic_output
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
@@ -206,7 +207,8 @@ def write_png(specs: list[ChartSpec], path: Path) -> None:
     for ax in list(axes.flat)[len(specs):]:
         ax.axis("off")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        with atomic_output(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+    finally:
+        plt.close(fig)

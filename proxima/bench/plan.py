@@ -70,6 +70,7 @@ class BenchOptions:
     sample_interval: float = 0.5
     out: Path | None = None
     log_dir: Path | None = None
+    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)
@@ -102,8 +103,11 @@ class BenchPlan:
             workload, default_max = _workload(o, per_level, len(levels))
         except wl.WorkloadError as err:
             raise PlanError(str(err)) from None
+        from proxima.fetch import api_key_from
+
         params = SweepParams(per_level, o.duration, o.slo_p95, o.max_error_rate, o.avalanche_factor,
-                             request_timeout_s=o.timeout, sample_interval_s=o.sample_interval, seed=o.seed)
+                             request_timeout_s=o.timeout, sample_interval_s=o.sample_interval, seed=o.seed,
+                             api_key=api_key_from(o.api_key))
         if o.launch:
             return cls(workload, levels, params, launch=_launch_plan(o), default_max_tokens=default_max,
                        command=command, interleave=o.interleave)

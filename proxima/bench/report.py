@@ -22,9 +22,10 @@ from rich.text import Text
 
 from proxima import fmt
 from proxima.bench import charts
-from proxima.bench.results import CONCURRENCY, RATE, BenchResult, LevelResult, to_csv, write_atomic
+from proxima.bench.results import CONCURRENCY, RATE, BenchResult, LevelResult, to_csv
 from proxima.bench.sweep import Observer, Target
 from proxima.bench.workload import Workload, write_jsonl
+from proxima.files import write_atomic
 from proxima.load import OK, RequestResult
 
 # Bench's missing figures are readings not taken here (no NVML, sampling off, a stock server's

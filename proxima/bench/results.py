@@ -12,7 +12,6 @@ import io
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from proxima.sampling import Sample
 
@@ -153,6 +152,7 @@ class ServerRun:
     levels: list[LevelResult] = field(default_factory=list)
     stopped: str | None = None  # why higher levels were not run
     launch: dict | None = None  # started_at / stopped_at / log, when bench launched it
+    metrics_error: str | None = None  # why its /metrics could not be used, when it could not
 
     def levels_of(self, kind: str) -> list[LevelResult]:
         return sorted((lv for lv in self.levels if lv.kind == kind), key=lambda lv: lv.value)
@@ -277,10 +277,3 @@ def to_csv(result: BenchResult) -> str:
     return buffer.getvalue()
 
 
-def write_atomic(path: Path, text: str | bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    if isinstance(text, bytes):
-        tmp.write_bytes(text)
-    else:
-        tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -17,14 +17,15 @@ from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from proxima.bench import workload as wl
-from proxima.bench.client import count_prompt_tokens, fetch_model, fetch_word_costs
+from proxima.bench.client import READ_TIMEOUT_S, count_prompt_tokens, fetch_model, fetch_word_costs
 from proxima.bench.plan import BenchPlan
 from proxima.bench.results import BenchResult, ServerRun, verdict
 from proxima.bench.servers import launched
-from proxima.bench.sweep import Observer, Target, run_interleaved, run_sweep
+from proxima.bench.sweep import Observer, SweepParams, Target, run_interleaved, run_sweep
+from proxima.fetch import auth_headers
 from proxima.hosts import is_this_host
 from proxima.load import new_http_client
-from proxima.scrape import kv_capacity_tokens, scrape_sync
+from proxima.scrape import ServerSnapshot, kv_capacity_tokens, scrape_sync
 
 
 @dataclass(slots=True)
@@ -36,9 +37,18 @@ class _Served:
     pid: int | None = None
 
 
-def auto_label(url: str) -> str:
+def _scrape(url: str, params: SweepParams) -> ServerSnapshot:
+    return scrape_sync(url, params.scrape_timeout_s, headers=auth_headers(params.api_key))
+
+
+def _read_timeout(params: SweepParams) -> float:
+    """A read of /v1/models or /tokenize in all: at most the request deadline."""
+    return min(READ_TIMEOUT_S, params.request_timeout_s)
+
+
+def auto_label(url: str, params: SweepParams) -> str:
     """`stock` for plain vLLM, else Proxima's allocator (`token` / `block`), from the server's metrics."""
-    snap = scrape_sync(url)
+    snap = _scrape(url, params)
     if not snap.ok:
         return urlsplit(url).netloc or url
     return snap.proxima.allocator if snap.proxima else "stock"
@@ -50,27 +60,30 @@ def unique_labels(labels: list[str], urls: list[str]) -> list[str]:
     return [f"{lab}@{urlsplit(u).port or u}" for lab, u in zip(labels, urls)]
 
 
-def check_reachable(urls: list[str]) -> None:
+def check_reachable(urls: list[str], params: SweepParams) -> None:
     """Raise ServerUnreachable for the first given server that does not answer."""
     async def check() -> None:
-        async with new_http_client(10.0) as http:
+        async with new_http_client(_read_timeout(params), params.api_key) as http:
             for url in urls:
-                await fetch_model(http, url)
+                await fetch_model(http, url, _read_timeout(params))
 
     asyncio.run(check())
 
 
 def prepare_workload(plan: BenchPlan, url: str, model: str) -> wl.Workload:
     """Build (or load) the workload, counting prompt tokens with this server's tokenizer if it can."""
+    timeout = _read_timeout(plan.params)
+
     async def build() -> wl.Workload:
-        async with new_http_client(60.0) as http:
+        async with new_http_client(timeout, plan.params.api_key) as http:
             if plan.workload.is_file:
                 work = wl.from_file(plan.workload, plan.default_max_tokens)
             else:
-                costs = await fetch_word_costs(http, url, model)
+                costs = await fetch_word_costs(http, url, model, timeout)
                 word_costs, max_len = costs if costs else (wl.WordCosts.approximate(), None)
                 work = wl.generate(plan.workload, word_costs, max_len)
-            counts = await count_prompt_tokens(http, url, model, [r.prompt for r in work.requests])
+            counts = await count_prompt_tokens(http, url, model, [r.prompt for r in work.requests],
+                                               timeout=timeout)
             if counts is not None:
                 work.requests = [replace(r, prompt_tokens=n)
                                  for r, n in zip(work.requests, counts)]
@@ -89,18 +102,19 @@ def _server_groups(plan: BenchPlan) -> Iterator[list[_Served]]:
         yield [_Served(s.label, s.url, s.variant, s.info, s.pid) for s in group]
 
 
-def _run_for(served: _Served, model: str, label: str) -> tuple[Target, ServerRun]:
+def _run_for(served: _Served, model: str, label: str, params: SweepParams) -> tuple[Target, ServerRun]:
     local = served.launch_info is not None or is_this_host(served.url)
     target = Target(label, served.url, model, local=local, pid=served.pid)
     run = ServerRun(label, served.url, model, served.variant, local=local, launch=served.launch_info)
-    _describe_kv(run)
+    _describe_kv(run, params)
     return target, run
 
 
-def _describe_kv(run: ServerRun) -> None:
+def _describe_kv(run: ServerRun, params: SweepParams) -> None:
     """Allocator, granularity and capacity as the server reports them (capacity gauges are
     published from the engine's first step on, so this is read again after the sweep)."""
-    snap = scrape_sync(run.url)
+    snap = _scrape(run.url, params)
+    run.metrics_error = snap.error
     if not snap.ok:
         return
     kv = snap.proxima
@@ -112,12 +126,12 @@ def _describe_kv(run: ServerRun) -> None:
 def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, runs: list[ServerRun],
                    work_box: list[wl.Workload]) -> None:
     """Sweep the servers of one group (up at the same time); the workload is built on first use."""
-    models = [asyncio.run(_model(s.url)) for s in group]
+    models = [asyncio.run(_model(s.url, plan.params)) for s in group]
     if not work_box:
         work_box.append(prepare_workload(plan, group[0].url, models[0]))
     work = work_box[0]
-    labels = unique_labels([s.label or auto_label(s.url) for s in group], [s.url for s in group])
-    pairs = [_run_for(s, m, lab) for s, m, lab in zip(group, models, labels)]
+    labels = unique_labels([s.label or auto_label(s.url, plan.params) for s in group], [s.url for s in group])
+    pairs = [_run_for(s, m, lab, plan.params) for s, m, lab in zip(group, models, labels)]
     targets = [t for t, _ in pairs]
     # The runs are the caller's from here on, and levels land in them as they finish: an
     # interrupted bench still reports what it measured.
@@ -131,7 +145,7 @@ def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, ru
     for (_, run), (_, stopped) in zip(pairs, outcomes):
         run.stopped = stopped
         if not run.kv_capacity_tokens:
-            _describe_kv(run)
+            _describe_kv(run, plan.params)
 
 
 def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Workload]:
@@ -141,7 +155,7 @@ def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Work
     else:
         wl.check_source(plan.workload.source)
     if plan.urls:
-        check_reachable(plan.urls)
+        check_reachable(plan.urls, plan.params)
     runs: list[ServerRun] = []
     work_box: list[wl.Workload] = []
     try:
@@ -184,12 +198,14 @@ def _result(plan: BenchPlan, runs: list[ServerRun], work: wl.Workload) -> BenchR
         verdict=verdict(runs, p.slo_p95_s, p.max_error_rate),
     )
     result.notes.extend(client_notes(result))
+    result.notes.extend(f"{run.label}: {run.url}/metrics could not be used ({run.metrics_error}); no KV or "
+                        "server-side figures for it" for run in runs if run.metrics_error)
     return result
 
 
-async def _model(url: str) -> str:
-    async with new_http_client(10.0) as http:
-        return await fetch_model(http, url)
+async def _model(url: str, params: SweepParams) -> str:
+    async with new_http_client(_read_timeout(params), params.api_key) as http:
+        return await fetch_model(http, url, _read_timeout(params))
 
 
 def _config(plan: BenchPlan) -> dict:

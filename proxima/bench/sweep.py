@@ -20,15 +20,16 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from proxima.bench.meters import CpuMeter, LoopLagProbe
 from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, TimelinePoint, percentile
 from proxima.bench.workload import BenchRequest, Workload
+from proxima.fetch import auth_headers
 from proxima.load import CANCELLED, FAILED, OK, TIMED_OUT, RequestResult, StreamingClient, new_http_client
-from proxima.sampling import Sampler, wait_idle
+from proxima.sampling import SCRAPE_TIMEOUT_S, Sampler, wait_idle
 from proxima.scrape import ServerSnapshot, scrape
 
 
@@ -43,6 +44,14 @@ class SweepParams:
     request_timeout_s: float = 120.0
     sample_interval_s: float = 0.5
     seed: int = 0
+    # Sent with every request and scrape (vLLM's --api-key); never written to the results.
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def scrape_timeout_s(self) -> float:
+        """A reading of the server's /metrics in all: the scrape layer's default, at most the
+        request deadline (a bench told to give requests 2 s does not wait 5 s on a scrape)."""
+        return min(SCRAPE_TIMEOUT_S, self.request_timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,14 +202,14 @@ async def _until_done_or_stopped(tasks: list[asyncio.Task], state: _LevelState) 
 
 
 async def _settled_counters(http: httpx.AsyncClient, url: str, before: ServerSnapshot,
-                            completed: int) -> ServerSnapshot:
+                            completed: int, timeout_s: float) -> ServerSnapshot:
     """The server's counters once they have caught up with what the client saw (bounded wait)."""
-    previous = await scrape(http, url)
+    previous = await scrape(http, url, timeout_s)
     for _ in range(20):
         if not previous.ok:
             return previous
         await asyncio.sleep(0.1)
-        current = await scrape(http, url)
+        current = await scrape(http, url, timeout_s)
         caught_up = current.requests_finished_total - before.requests_finished_total >= completed
         steady = (current.requests_finished_total, current.generation_tokens_total) == (
             previous.requests_finished_total, previous.generation_tokens_total)
@@ -223,14 +232,15 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
     state = _LevelState(params, params.requests_per_level)
     source = request_source(workload, offset, params.requests_per_level)
     observer.level_started(target, kind, value, params.requests_per_level)
-    async with httpx.AsyncClient() as scrape_http:
-        before = await scrape(scrape_http, target.url)
+    async with httpx.AsyncClient(headers=auth_headers(params.api_key)) as scrape_http:
+        before = await scrape(scrape_http, target.url, params.scrape_timeout_s)
         cpu = CpuMeter()
         t0 = time.perf_counter()
         deadline = t0 + params.duration_s if params.duration_s else None
         # Off the event loop that times the tokens, and stopped at once when the level ends.
         sampler = Sampler(target.url, params.sample_interval_s, here=target.local, off_loop=True,
-                          timeout_s=max(1.0, 4 * params.sample_interval_s))
+                          timeout_s=max(1.0, 4 * params.sample_interval_s),
+                          headers=auth_headers(params.api_key))
         async with sampler.running(final=False), LoopLagProbe() as lag:
             watchdog = asyncio.create_task(_watchdog(state))
             try:
@@ -245,7 +255,7 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
             duration = time.perf_counter() - t0
             cpu_fraction = cpu.fraction()
         completed = sum(r.status == OK for r in state.results)
-        after = await _settled_counters(scrape_http, target.url, before, completed)
+        after = await _settled_counters(scrape_http, target.url, before, completed, params.scrape_timeout_s)
         level = summarize(target.label, kind, value, state, duration, sampler, lag, cpu_fraction,
                           before, after)
         level.started_s = started_s
@@ -357,7 +367,7 @@ class ServerSweep:
             if skipped:
                 self._stopped.append(f"{kind} sweep stopped at {level.label} ({level.aborted}); "
                                      f"not run: {', '.join(f'{v:g}' for v in skipped)}")
-            if not (await scrape(http, self.target.url)).ok:
+            if not (await scrape(http, self.target.url, self.params.scrape_timeout_s)).ok:
                 self._gone = True
                 self._stopped.append("server unreachable: remaining levels not run")
         return level
@@ -368,7 +378,7 @@ async def run_sweep(target: Target, workload: Workload, levels: list[tuple[str, 
                     ) -> tuple[list[LevelResult], str | None]:
     """All levels for one server, in order (appended to ``results`` as each finishes, when given)."""
     sweep = ServerSweep(target, workload, levels, params, observer, results)
-    async with new_http_client(params.request_timeout_s) as http:
+    async with new_http_client(params.request_timeout_s, params.api_key) as http:
         for index in range(len(levels)):
             await sweep.run(http, index)
     return sweep.results, sweep.stopped
@@ -382,7 +392,7 @@ async def run_interleaved(targets: list[Target], workload: Workload, levels: lis
     the machine's background load then falls on both sides of each comparison, not on one server."""
     sinks = results if results is not None else [None] * len(targets)
     sweeps = [ServerSweep(t, workload, levels, params, observer, sink) for t, sink in zip(targets, sinks)]
-    async with new_http_client(params.request_timeout_s) as http:
+    async with new_http_client(params.request_timeout_s, params.api_key) as http:
         for index in range(len(levels)):
             for sweep in sweeps:
                 await sweep.run(http, index)

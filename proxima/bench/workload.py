@@ -17,6 +17,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxima.files import atomic_output
+
 # Common English words that are one token in the usual LLM tokenizers (with a leading space).
 VOCABULARY = (
     "the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as", "it", "by", "this", "be",
@@ -296,8 +298,7 @@ def from_file(plan: WorkloadPlan, default_max_tokens: int) -> Workload:
 
 def write_jsonl(workload: Workload, path: Path) -> None:
     """The exact requests sent, loadable again with `--workload` (written via a temporary file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_output(path) as f:
         for r in workload.requests:
             row: dict = {"prompt": r.prompt, "max_tokens": r.max_tokens}
             if r.prompt_tokens is not None:
@@ -305,4 +306,3 @@ def write_jsonl(workload: Workload, path: Path) -> None:
             if r.followups:
                 row["followups"] = list(r.followups)
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)

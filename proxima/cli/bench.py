@@ -25,6 +25,8 @@ def _command(ctx: typer.Context) -> str:
         value = ctx.params.get(param.name)
         if param.name == "vllm_args":
             extra = list(value or [])
+        elif param.name == "api_key" and value:
+            parts += [param.opts[0], "KEY"]  # a secret: never written to results.json
         elif value not in (None, False) and value != param.default and param.opts:
             parts += [param.opts[0]] if value is True else [param.opts[0], str(value)]
     return shlex.join(parts + (["--", *extra] if extra else []))
@@ -83,6 +85,9 @@ def bench(
     out: Path | None = typer.Option(None, "--out", "-o", help="Directory for results, workload and report."),
     log_dir: Path | None = typer.Option(
         None, "--log-dir", help="With --launch: server logs (default OUT/logs)."),
+    api_key: str | None = typer.Option(
+        None, "--api-key", help="Bearer key for servers started with --api-key (default: $VLLM_API_KEY, "
+        "else $OPENAI_API_KEY); never written to the results."),
 ) -> None:
     """A/B load test: stock vLLM against Proxima."""
     from proxima.bench.plan import BenchOptions, BenchPlan, PlanError

@@ -30,12 +30,14 @@ def doctor(
                                        "of a typical request (default: observed on the server)."),
     max_num_seqs: int = typer.Option(None, "--max-num-seqs", min=1, help="The server's --max-num-seqs "
                                      "(vLLM does not export it), for oom_risk."),
+    api_key: str = typer.Option(None, "--api-key", help="Bearer key for a server started with --api-key "
+                                "(default: $VLLM_API_KEY, else $OPENAI_API_KEY)."),
 ) -> None:
     import asyncio
     import contextlib
     import signal
 
-    from proxima.fetch import normalize_url
+    from proxima.fetch import api_key_from, normalize_url
     from proxima.probes.base import DoctorOptions
     from proxima.probes.runner import DESCRIPTIONS, parse_checks, run_doctor
     from proxima.scrape import DEFAULT_URL
@@ -54,7 +56,7 @@ def doctor(
     except ValueError as err:
         fail(f"--checks: {err}")
     options = DoctorOptions(window_s=window, compare_url=compare, typical_tokens=typical_tokens,
-                            max_num_seqs=max_num_seqs)
+                            max_num_seqs=max_num_seqs, api_key=api_key_from(api_key))
 
     from rich.console import Console
 
@@ -80,7 +82,7 @@ def doctor(
 
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
     if report.server_error is not None:
-        fail(f"cannot reach {report.url}: {report.server_error}; start the server or pass its URL", code=3)
+        fail(report.server_error, code=3)
     if not json_output:
         render(report, Console())
     raise typer.Exit(report.exit_code)

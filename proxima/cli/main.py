@@ -19,7 +19,8 @@ app = typer.Typer(
 app.command(
     "serve",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    help="Run vLLM's OpenAI-compatible server with Proxima (vLLM flags pass through).",
+    help="Run vLLM's OpenAI-compatible server with Proxima (vLLM flags pass through; every vLLM flag: "
+    "python -m vllm.entrypoints.openai.api_server --help).",
 )(serve.serve)
 app.add_typer(model.app, name="model", help="Build models for demos and tests.")
 app.command("demo", help="Serve a real model with Proxima, drive a burst of chats, show the KV cache.")(

@@ -1,4 +1,10 @@
-"""`proxima serve MODEL [--proxima-allocator token|block] [vLLM flags...]`."""
+"""`proxima serve MODEL [--proxima-allocator token|block] [vLLM flags...]`.
+
+In order, each refusal one line and exit code 2: the model is there and the port free (no vLLM
+imported: milliseconds), then the configuration built and checked by vLLM's own parser in a child
+process (`proxima.serve_command.preflight_in_child`), then the server. This process stays the
+server's small supervisor: it never imports torch or vLLM.
+"""
 
 from __future__ import annotations
 
@@ -32,19 +38,20 @@ def serve(
     check_only: bool = typer.Option(False, "--check", help="Validate the configuration and exit."),
 ) -> None:
     from proxima.engine.settings import ProximaConfigError
-    from proxima.serve_command import build_serve_command, preflight, run_server
+    from proxima.serve_checks import model_problem, port_problem
+    from proxima.serve_command import ServeRequest, preflight_in_child, run_server
 
+    vllm_args = list(ctx.args)
+    problem = model_problem(model) or (None if check_only else port_problem(vllm_args))
+    if problem:
+        fail(problem)
     try:
-        command = build_serve_command(model, proxima_allocator, list(ctx.args),
-                                      otlp_endpoint=otlp_metrics_endpoint,
-                                      exact_kv_figures=exact_kv_figures, tenant_salt=tenant_salt)
-        problems = preflight(command)
+        command = preflight_in_child(ServeRequest(model, proxima_allocator, vllm_args, otlp_metrics_endpoint,
+                                                  exact_kv_figures, tenant_salt))
     except ProximaConfigError as err:
         fail(str(err))
-    except SystemExit as err:  # vLLM's argument parser rejected a flag (it printed why)
-        raise typer.Exit(2) from err
-    if problems:
-        fail("Proxima cannot serve this configuration:\n  - " + "\n  - ".join(problems))
+    except KeyboardInterrupt:
+        fail("interrupted while checking the configuration; nothing was started", code=130)
     for note in command.notes:
         typer.echo(f"proxima: {note}", err=True)
     if check_only:

@@ -32,9 +32,11 @@ def top(
                                        help="Show a session saved with --record, offline."),
     window: float = typer.Option(60.0, "--window",
                                  help="Seconds of the sliding window for latency quantiles."),
+    api_key: str | None = typer.Option(None, "--api-key", help="Bearer key sent with each scrape, for a "
+                                       "/metrics behind one (default: $VLLM_API_KEY, else $OPENAI_API_KEY)."),
 ) -> None:
     """Live terminal dashboard of KV memory and serving health."""
-    from proxima.fetch import normalize_url
+    from proxima.fetch import api_key_from, normalize_url
     from proxima.tui.model import Settings
 
     if not 0.05 <= interval <= 60:
@@ -55,7 +57,17 @@ def top(
     if replay is not None:
         _replay(replay, plain, width, Settings(window_s=window, since_start=plain))
         return
-    _live(urls, interval, record, plain, width, Settings(window_s=window, since_start=plain))
+    _live(urls, interval, record, plain, width, Settings(window_s=window, since_start=plain),
+          api_key_from(api_key))
+
+
+def _why_down(state) -> str:
+    """One line for `--once` when no server gave a usable /metrics: each server's own reason."""
+    servers = state.frames[-1].servers
+    reasons = "; ".join(f"{s.url}: {s.error}" for s in servers)
+    if all((s.error or "").startswith("connection refused") for s in servers):
+        return f"no server answered ({reasons}); start one with `proxima serve MODEL` or pass its URL"
+    return f"no usable /metrics ({reasons})"
 
 
 def _replay(path: Path, plain: bool, width: int, settings) -> None:
@@ -82,7 +94,8 @@ def _replay(path: Path, plain: bool, width: int, settings) -> None:
     TopApp.replay(recording, settings=settings).run()
 
 
-def _live(urls: list[str], interval: float, record: Path | None, plain: bool, width: int, settings) -> None:
+def _live(urls: list[str], interval: float, record: Path | None, plain: bool, width: int, settings,
+          api_key: str | None) -> None:
     import asyncio
 
     from proxima.tui.collector import Collector, look_once
@@ -94,7 +107,7 @@ def _live(urls: list[str], interval: float, record: Path | None, plain: bool, wi
             recorder = Recorder(record, tuple(urls), interval, time.time())
         except RecordingError as err:
             fail(str(err))
-    collector = Collector(urls)
+    collector = Collector(urls, api_key=api_key)
     if plain:
         from proxima.tui.plain import render_plain
 
@@ -108,8 +121,7 @@ def _live(urls: list[str], interval: float, record: Path | None, plain: bool, wi
                 recorder.close()
         typer.echo(render_plain(state, width), nl=False)
         if state.all_down:
-            typer.secho(f"proxima: error: no server answered ({', '.join(urls)}); start one with "
-                        "`proxima serve MODEL` or pass its URL", fg=typer.colors.RED, err=True)
+            typer.secho(f"proxima: error: {_why_down(state)}", fg=typer.colors.RED, err=True)
             raise typer.Exit(1)
         return
     from proxima.tui.app import TopApp

@@ -326,10 +326,14 @@ class RadixTree:
     def _push(self, node: Node) -> None:
         self._pushes += 1
         heapq.heappush(self._heap, (node.last_access, self._pushes, node))
+        # Here, not only after an eviction: a cache that never fills (the same prompts again and
+        # again) never evicts, and its heap grew one entry per request (100k requests: 100k).
+        self._compact_heap()
 
     def _compact_heap(self) -> None:
         # Stale entries pile up when nodes are touched without being evicted; rebuild from the
-        # live evictable leaves once they outnumber the nodes, so the heap stays O(nodes).
+        # live evictable leaves once they outnumber the nodes, so the heap stays O(nodes)
+        # (amortised O(1) a push: a rebuild costs O(nodes) and comes every nodes + 1024 pushes).
         if len(self._heap) > 2 * self.num_nodes + 1024:
             self._heap = [(n.last_access, i, n) for i, n in enumerate(self.nodes())
                           if self._evictable_leaf(n)]

@@ -169,6 +169,25 @@ class ProximaScheduler(Scheduler):
                       num_local_cached_tokens=disclosed(stats.num_local_cached_tokens),
                       num_external_cached_tokens=stats.num_external_cached_tokens)
 
+    def reset_prefix_cache(self, *args, **kwargs) -> bool:
+        reset = super().reset_prefix_cache(*args, **kwargs)
+        self._publish_outside_step()
+        return reset
+
+    def finish_requests(self, *args, **kwargs):
+        finished = super().finish_requests(*args, **kwargs)
+        if not self.running:  # an abort that leaves the engine at rest: no step follows to publish it
+            self._publish_outside_step()
+        return finished
+
+    def _publish_outside_step(self) -> None:
+        """The cache changed outside a step (POST /reset_prefix_cache, an abort): publish now, as
+        an idle step would, so that a scrape at rest reads what the cache holds (before, the
+        cached-slots gauge kept its old value after a reset: 5,575 slots that were gone)."""
+        if self.telemetry_on:
+            self._published_at = time.perf_counter()
+            self.publish_kv_telemetry()
+
     def _preempt_request(self, request, timestamp: float) -> None:
         super()._preempt_request(request, timestamp)
         for sink in self.kv_sinks:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import httpx
 
+from proxima.files import write_atomic
 from proxima.scrape import scrape_sync
 from proxima.server_process import ManagedServer, ServerSpec, ServerStartError
 from proxima.tiny_model import TinyModelSpec, build_tiny_model
@@ -157,7 +158,7 @@ def serve_both(out: Path) -> dict:
         except (ServerStartError, httpx.HTTPError) as err:
             results[name] = {"error": f"{type(err).__name__}: {err}"[-2000:]}
             print(f"{name} server failed: {results[name]['error'][-600:]}")
-        (out / "tp2.json").write_text(json.dumps(results, indent=1))
+        write_atomic(out / "tp2.json", json.dumps(results, indent=1))
     return results
 
 

@@ -17,6 +17,7 @@ from kit.calls import decode_calls
 from kit.cases import DECODE_GRID
 from kit.layouts import BLOCK, DTYPE, HKV, HQ, D, kv_layouts
 from kit.timers import copy_bandwidth, gpu_us
+from proxima.files import atomic_output
 
 
 def case(batch: int, ctx: int) -> dict:
@@ -65,5 +66,5 @@ def run(json_path: str | None) -> None:
             if key in r:
                 print(f"      {key}: {r[key]}")
     if json_path:
-        with open(json_path, "w") as f:
+        with atomic_output(json_path) as f:
             json.dump({"copy_bandwidth_Bps": bw, "results": results}, f, indent=1)

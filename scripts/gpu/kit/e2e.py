@@ -33,6 +33,7 @@ from pathlib import Path
 from kit.calls import attention_impl
 from kit.e2e_report import summarize
 from kit.profiling import HostTimer, host_profile, kernel_profile
+from proxima.files import write_atomic
 from proxima.harness import EngineProcessError, EngineSpec, open_engine, run_isolated, vllm_flags
 from proxima.harness.tiles import ContextTiles
 from proxima.load import random_prompt
@@ -235,6 +236,6 @@ def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_
         except EngineProcessError as err:
             print(f"{name}: failed in {time.perf_counter() - t:.0f}s\n{str(err)[-3000:]}", flush=True)
             continue
-        (out_dir / f"{name}.json").write_text(json.dumps(result))
+        write_atomic(out_dir / f"{name}.json", json.dumps(result))
         print(f"{name}: ok in {time.perf_counter() - t:.0f}s", flush=True)
     summarize(out_dir, ENGINES)

@@ -24,6 +24,7 @@ from kit.cases import GRAPH_DECODE, K_SCALE, SCALE, V_SCALE, fp8_decode_batch, f
 from kit.layouts import HKV, HQ, D
 from kit.timers import graph_us
 from proxima.engine.attention.triton_attention import slot_attention_triton
+from proxima.files import atomic_output
 
 
 def fp8_case(batch: int, ctx: int) -> dict:
@@ -84,5 +85,5 @@ def run(json_path: str | None) -> None:
         for key in [k for k in r if k.endswith("_error")]:
             print(f"      {key}: {r[key]}")
     if json_path:
-        with open(json_path, "w") as f:
+        with atomic_output(json_path) as f:
             json.dump({"k_scale": K_SCALE, "v_scale": V_SCALE, "graph_decode": results}, f, indent=1)

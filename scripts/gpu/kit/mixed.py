@@ -28,6 +28,7 @@ from kit.cases import GRAPH_DECODE, MIXED, decode_batch, mixed_batch
 from kit.layouts import BLOCK, HKV, HQ, D
 from kit.timers import gpu_us, graph_us, host_us
 from proxima.engine.attention import planning
+from proxima.files import atomic_output
 
 
 def mixed_case(name: str, seed: int) -> dict:
@@ -135,7 +136,7 @@ def run(json_path: str | None, guard: str | None, record: str | None, include: l
             print(f"      {key}: {r[key]}")
     run = {"mixed": mixed, "graph_decode": graphs}
     if json_path:
-        with open(json_path, "w") as f:
+        with atomic_output(json_path) as f:
             json.dump(run, f, indent=1)
     for path in include or ():
         with open(path) as f:

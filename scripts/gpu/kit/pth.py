@@ -31,6 +31,7 @@ from kit.timers import copy_bandwidth, graph_us
 from proxima.engine.attention import per_token_head as pth
 from proxima.engine.attention.reference import slot_attention_torch
 from proxima.engine.attention.triton_attention import slot_attention_triton
+from proxima.files import atomic_output
 
 # TRITON_ATTN's metadata builder: the 3-D (split) kernel below this many requests (128 programs
 # over 8 KV heads; the nearest CUDA-graph capture size), 16 softmax segments.
@@ -165,7 +166,7 @@ def run(json_path: str | None) -> None:
         for key in [k for k in r if k.endswith("_error")]:
             print(f"      {key}: {r[key]}")
     if json_path:
-        with open(json_path, "w") as f:
+        with atomic_output(json_path) as f:
             json.dump({"copy_bandwidth_bytes_s": bandwidth, "pth_decode": results}, f, indent=1)
 
 
@@ -226,5 +227,5 @@ def run_sweep(json_path: str | None) -> None:
                   + (f"{x['us']:8.1f} us ({x['us'] / r['fa3_bf16_us']:.2f}x FA3)  regs {x['regs']} spills "
                      f"{x['spills']}  diff {x['max_abs_diff']:.4f}" if "us" in x else x["error"]), flush=True)
     if json_path:
-        with open(json_path, "w") as f:
+        with atomic_output(json_path) as f:
             json.dump(results, f, indent=1)

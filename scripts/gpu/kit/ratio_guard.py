@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from proxima.files import write_atomic
+
 TOLERANCE = 0.10
 
 
@@ -81,6 +83,4 @@ def load(path: Path) -> dict[str, float]:
 
 
 def save(path: Path, measured: dict[str, float], note: str) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"note": note, "ratios": measured}, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"note": note, "ratios": measured}, indent=1) + "\n")

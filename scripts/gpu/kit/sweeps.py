@@ -27,6 +27,7 @@ from kit.layouts import D
 from kit.timers import gpu_us, replay_us
 from proxima.engine.attention.planning import TileConfig, choose_launch_shape, num_sms
 from proxima.engine.attention.triton_attention import _launch_attention
+from proxima.files import atomic_output
 
 DECODE_POINTS = [(1, 2048), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (46, 300), (128, 1024),
                  (256, 2048)]
@@ -58,7 +59,7 @@ def run_sweep(cases: Iterable[tuple], sweep: Callable[..., dict], report: Callab
         results.append(sweep(*case))
         report(results[-1])
     if json_path:
-        with open(json_path, "w") as f:
+        with atomic_output(json_path) as f:
             json.dump(results, f, indent=1)
 
 

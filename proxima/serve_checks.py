@@ -1,0 +1,72 @@
+"""What `proxima serve` checks before anything imports vLLM: the model is there, the port is free.
+
+Layer: the `proxima serve` supervisor (no vLLM, no torch: these answer in milliseconds, where
+vLLM would find the same mistakes after importing itself and loading the model, 29 s and 39 s
+later on a CPU host). Each returns None or one line naming the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import socket
+from pathlib import Path
+
+# vLLM's default --port (vllm/entrypoints/openai/cli_args.py).
+DEFAULT_PORT = 8000
+# A Hugging Face repository id: `name` or `owner/name`, letters, digits, `-`, `_` and `.`.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
+
+
+def model_problem(model: str) -> str | None:
+    """None when `model` is an existing path or could be a hub id; else why it cannot be served."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if path.is_dir() and not any((path / name).exists() for name in ("config.json", "params.json")):
+            return (f"model directory {model} has no config.json; point at the directory that holds the "
+                    "model's config.json and weights")
+        return None
+    looks_local = model.startswith(("/", ".", "~")) or model.count("/") > 1
+    if looks_local or not _HUB_ID.match(model) or ".." in model:
+        return (f"model {model!r}: no such file or directory (and not a Hugging Face model id such as "
+                "meta-llama/Llama-3.1-8B-Instruct); check the path")
+    return None
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    for k, a in enumerate(args):
+        if a == flag and k + 1 < len(args):
+            return args[k + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def port_problem(args: list[str]) -> str | None:
+    """None when the address vLLM will listen on (its --host and --port) can be bound now; else
+    one line. Bound the way vLLM binds it (SO_REUSEADDR, the host's address family), then closed."""
+    if _flag(args, "--uds") is not None:
+        return None  # a Unix socket: no port
+    host = _flag(args, "--host") or ""
+    text = _flag(args, "--port")
+    try:
+        port = int(text) if text is not None else DEFAULT_PORT
+    except ValueError:
+        return None  # vLLM's own parser names a port that is not a number
+    if not 0 <= port <= 65535:
+        return f"--port {port} is not a port number (0-65535)"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as err:
+        where = f"{host}:{port}" if host else f"port {port} (every interface)"
+        if err.errno == errno.EADDRINUSE:
+            return f"{where} is already in use (another server?); stop it or pass --port PORT"
+        if err.errno == errno.EACCES:
+            return f"{where} needs privileges to listen on; pass --port 1024 or above"
+        if err.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or isinstance(err, socket.gaierror):
+            return f"--host {host}: not an address of this machine; pass --host 127.0.0.1 or 0.0.0.0"
+        return f"cannot listen on {where}: {err.strerror or err}"
+    return None
