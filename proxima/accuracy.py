@@ -119,9 +119,10 @@ def kl_divergence(reference: Mapping[int, float], test: Mapping[int, float]) -> 
         p_shared += p
         q_shared += math.exp(lq)
     p_rest, q_rest = max(0.0, 1.0 - p_shared), max(0.0, 1.0 - q_shared)
-    if p_rest > REST_MASS_EPSILON:
-        # A rest the test puts (almost) no mass on while the reference does is a real divergence;
-        # floor it at the epsilon rather than dividing by a rounding error.
+    if p_rest > 0.0:
+        # Always counted: the rest's term is negative when the test puts more mass there, and
+        # leaving it out would overstate the KL. A rest the test puts (almost) no mass on is
+        # floored at the epsilon rather than divided by a rounding error (which only lowers it).
         kl += p_rest * math.log(p_rest / max(q_rest, REST_MASS_EPSILON))
     return max(kl, 0.0), p_rest
 

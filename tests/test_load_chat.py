@@ -55,4 +55,4 @@ def test_chat_failures_are_results():
 
     results = asyncio.run(go())
     assert [r.ok for r in results] == [False, False, False]
-    assert results[0].error.startswith("HTTP 500") and "unexpected response" in results[2].error
+    assert results[0].error.startswith("HTTP 500") and "malformed answer" in results[2].error
