@@ -1,6 +1,6 @@
-"""What a KV cache dtype costs in answers: perplexity, KL divergence of next-token distributions
-and greedy-answer agreement, computed from what vLLM returns. Pure functions on plain data; the
-engine runs that produce the data live elsewhere (the engine harness), the fixed inputs in
+"""What a KV cache dtype costs in answers: perplexity, KL divergence of next-token distributions,
+top-1 agreement and greedy-answer agreement, computed from what vLLM returns. Pure functions on
+plain data; the engine runs that produce the data live elsewhere (the engine harness), the fixed inputs in
 `proxima.accuracy_corpus` (the text) and `proxima.chat_prompts` (the chats).
 
 Input shape: for each passage, one `PositionLogprobs` per prompt position after the first (vLLM
@@ -145,6 +145,27 @@ def kl_summary(reference: Sequence[Sequence[PositionLogprobs]],
     values = np.asarray(kls)
     return KLSummary(mean=float(values.mean()), p99=float(np.quantile(values, 0.99)), max=float(values.max()),
                      num_positions=len(kls), mean_rest_mass=float(np.mean(rests)))
+
+
+def top_token(logprobs: Mapping[int, float]) -> int:
+    """The most likely reported token; on a tie the lowest id, as greedy sampling's argmax picks."""
+    return min(logprobs, key=lambda token: (-logprobs[token], token))
+
+
+def top1_agreement(reference: Sequence[Sequence[PositionLogprobs]],
+                   test: Sequence[Sequence[PositionLogprobs]]) -> tuple[int, int]:
+    """(positions whose most likely token is the same in both runs, positions)."""
+    if len(reference) != len(test):
+        raise ValueError(f"{len(reference)} reference passages but {len(test)} test passages")
+    equal, count = 0, 0
+    for index, (ref_positions, test_positions) in enumerate(zip(reference, test)):
+        if len(ref_positions) != len(test_positions):
+            raise ValueError(f"passage {index} has {len(ref_positions)} positions in one run, "
+                             f"{len(test_positions)} in the other")
+        for r, t in zip(ref_positions, test_positions):
+            equal += top_token(r.logprobs) == top_token(t.logprobs)
+            count += 1
+    return equal, count
 
 
 def greedy_agreement(reference: Sequence[Sequence[int]], test: Sequence[Sequence[int]]) -> Agreement:

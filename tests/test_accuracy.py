@@ -18,6 +18,8 @@ from proxima.accuracy import (
     kl_divergence,
     kl_summary,
     perplexity,
+    top1_agreement,
+    top_token,
 )
 from proxima.accuracy_corpus import CorpusError, corpus_text, paragraphs, passages
 from proxima.chat_prompts import GENERAL_QUESTIONS, SUPPORT_QUESTIONS, accuracy_chats
@@ -123,6 +125,21 @@ def test_kl_summary_over_passages():
     assert summary.p99 == pytest.approx(float(np.quantile([0.0] * 99 + [worst], 0.99)))
     with pytest.raises(ValueError):
         kl_summary(ref, [[position(1, 0.5)] * 100])  # another token sequence
+
+
+def test_top1_agreement_counts_positions_whose_most_likely_token_is_the_same():
+    def position(token: int, logprobs: dict[int, float]) -> PositionLogprobs:
+        return PositionLogprobs(token, logprobs)
+
+    ref = [[position(1, {1: -0.1, 2: -2.0}), position(2, {1: -1.0, 2: -0.5})], [position(3, {3: -0.2})]]
+    test = [[position(1, {1: -2.0, 2: -0.1}), position(2, {1: -1.0, 2: -0.5})], [position(3, {3: -0.3})]]
+    assert top1_agreement(ref, test) == (2, 3)
+    # A tie goes to the lowest token id, as greedy sampling's argmax does.
+    assert top_token({9: -0.5, 3: -0.5, 4: -2.0}) == 3
+    with pytest.raises(ValueError):
+        top1_agreement(ref, test[:1])
+    with pytest.raises(ValueError):
+        top1_agreement(ref, [test[0][:1], test[1]])
 
 
 def test_greedy_agreement():

@@ -1,0 +1,47 @@
+"""The accuracy benchmark end to end, small: `scripts/bench_kv_accuracy.py --quick` for Proxima
+int4 per-token-head against Proxima bf16 KV on the real model (bfloat16), two engines, each in
+its own process through the harness. Catches a benchmark that measures nothing (int4 equal to
+its reference: the dtype never reached the cache) and a broken int4 path (figures of noise)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_kv_accuracy.py"
+INT4, AUTO = "proxima-int4_per_token_head", "proxima-auto"
+
+
+@pytest.fixture(scope="module")
+def record(smol_model, tmp_path_factory) -> dict:
+    spec = importlib.util.spec_from_file_location("bench_kv_accuracy", _SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path_factory.mktemp("kv-accuracy")
+    assert script.main(["--model", smol_model, "--quick", "--configs", INT4, "--device", "cpu",
+                        "--json", str(out / "quick.json"), "--log-dir", str(out / "logs")]) == 0
+    return json.loads((out / "quick.json").read_text())
+
+
+def test_quick_int4_against_bf16_kv(record):
+    auto, int4 = record["configs"][AUTO], record["configs"][INT4]
+    (comparison,) = record["comparisons"]
+    assert (comparison["test"], comparison["reference"]) == (INT4, AUTO)
+    # 30 layers x 3 KV heads x (K, V) x (32 bytes of nibbles + a 4-byte scale) against 64 bf16 values.
+    assert (auto["bytes_per_token"], int4["bytes_per_token"]) == (23_040, 6_480)
+    assert math.isfinite(auto["perplexity"]) and 5 < auto["perplexity"] < 100
+    assert auto["perplexity"] <= int4["perplexity"] < 1.5 * auto["perplexity"]
+    kl = comparison["kl"]
+    assert kl["num_positions"] == auto["num_positions"] > 1000
+    assert 1e-3 < kl["mean"] < 0.5 and kl["mean_rest_mass"] < 0.05
+    assert comparison["top1_share"] > 0.75
+    greedy = comparison["greedy"]
+    assert greedy["num_prompts"] == 16 and greedy["mean_common_prefix"] > 0.2
+    # Real answers, not noise: the first general question is "What is the capital of France?".
+    assert all(len(a) > 0 for a in record["answers"][AUTO])
