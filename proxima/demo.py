@@ -9,6 +9,7 @@ in proxima/cli/demo.py; this module returns plain results.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -97,6 +98,19 @@ def ask_first(url: str, model: str) -> ChatExchange:
                                                              timeout=REQUEST_TIMEOUT_S)
 
     return ChatExchange(FIRST_QUESTION, asyncio.run(once()))
+
+
+def demo_max_model_len() -> int:
+    return int(DEMO_SERVER_ARGS[DEMO_SERVER_ARGS.index("--max-model-len") + 1])
+
+
+def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:
+    """K and V of one token over every layer in the serving dtype, from the model's config: the
+    demo refuses a KV budget vLLM would refuse after a minute of start-up (one chat must fit)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    itemsize = 4 if dtype == "float32" else 2
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head * itemsize
 
 
 def start_server(model_dir: Path, dtype: str, kv_bytes: int, port: int, log_path: Path) -> ManagedServer:

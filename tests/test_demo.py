@@ -17,7 +17,7 @@ def test_demo_runs_and_reports_what_the_engine_did(tmp_path, smol_model):
     proc = subprocess.run(
         [sys.executable, "-m", "proxima.cli.main", "demo", "--workdir", str(tmp_path),
          "--model-dir", smol_model, "--requests", "12", "--concurrency", "6", "--max-tokens", "32",
-         "--kv-mib", "48"],
+         "--kv-mib", "96"],
         capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "120"},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -30,3 +30,14 @@ def test_demo_runs_and_reports_what_the_engine_did(tmp_path, smol_model):
     assert hits > 11 * 400 and queries >= 12 * 430  # 11 of 12 chats reuse the ~430-token system prompt
     assert re.search(r"fragmentation \(Proxima\)\s*│\s*0\.0%", out)
     assert re.search(r"slots in use after the burst\s*│\s*0", out)
+
+
+def test_a_kv_budget_below_one_chat_is_refused_before_the_server_starts(tmp_path, smol_model):
+    # 30 layers x 3 KV heads x 64 x (K, V) x 4 bytes = 46,080 bytes a token; 2,048 tokens: 90 MiB.
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxima.cli.main", "demo", "--workdir", str(tmp_path),
+         "--model-dir", smol_model, "--kv-mib", "48"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--kv-mib 48" in proc.stderr and "--kv-mib 90 or more" in proc.stderr
+    assert not (tmp_path / "server.log").exists()  # nothing was started

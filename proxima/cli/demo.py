@@ -34,7 +34,15 @@ def demo(
     from rich.table import Table
 
     from proxima.chat_prompts import SUPPORT_SYSTEM_PROMPT
-    from proxima.demo import DemoResult, ask_first, burst_questions, drive, start_server
+    from proxima.demo import (
+        DemoResult,
+        ask_first,
+        burst_questions,
+        demo_max_model_len,
+        drive,
+        kv_bytes_per_token,
+        start_server,
+    )
     from proxima.server_process import ServerStartError
     from proxima.smol_model import SmolModelError, SmolRecipe, build_smol_model, is_built
 
@@ -53,6 +61,10 @@ def demo(
                 build_smol_model(model_dir, recipe)
     except SmolModelError as err:
         fail(str(err))
+    need_mib = -(-demo_max_model_len() * kv_bytes_per_token(model_dir, dtype) // (1 << 20))
+    if kv_mib < need_mib:
+        fail(f"--kv-mib {kv_mib}: one {demo_max_model_len()}-token chat of this model in {dtype} needs "
+             f"{need_mib} MiB of KV; pass --kv-mib {need_mib} or more")
     log = workdir / "server.log"
     server = start_server(model_dir, dtype, kv_mib << 20, port, log)
     try:
