@@ -15,14 +15,14 @@ from proxima.bench.plan import DEFAULT_CONCURRENCY
 from proxima.cli.errors import fail
 
 
-def _command(ctx: typer.Context) -> str:
+def _command(ctx: typer.Context, given: dict) -> str:
     """The invocation, rebuilt from the parsed options (for the record in results.json)."""
     import shlex
 
     parts = ["proxima", "bench"]
     extra: list[str] = []
     for param in ctx.command.params:
-        value = ctx.params.get(param.name)
+        value = given.get(param.name)
         if param.name == "vllm_args":
             extra = list(value or [])
         elif param.name == "api_key" and value:
@@ -90,11 +90,14 @@ def bench(
         "else $OPENAI_API_KEY); never written to the results."),
 ) -> None:
     """A/B load test: stock vLLM against Proxima."""
+    # The typed parameters, never ctx.params: some typer releases leave those as click parsed them
+    # (a str where a Path is declared), and the plan needs the declared types.
+    given = {name: value for name, value in locals().items() if name != "ctx"}
     from proxima.bench.plan import BenchOptions, BenchPlan, PlanError
 
-    options = BenchOptions(**ctx.params)  # typer passes each option under its parameter's name
+    options = BenchOptions(**given)
     try:
-        plan = BenchPlan.from_options(options, _command(ctx))
+        plan = BenchPlan.from_options(options, _command(ctx, given))
     except PlanError as err:
         fail(str(err))
     _run(plan, options.out)
