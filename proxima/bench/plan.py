@@ -68,6 +68,7 @@ class BenchOptions:
     avalanche_factor: float = 3.0
     timeout: float = 120.0
     sample_interval: float = 0.5
+    client_workers: int | None = None
     out: Path | None = None
     log_dir: Path | None = None
     api_key: str | None = field(default=None, repr=False)
@@ -107,7 +108,7 @@ class BenchPlan:
 
         params = SweepParams(per_level, o.duration, o.slo_p95, o.max_error_rate, o.avalanche_factor,
                              request_timeout_s=o.timeout, sample_interval_s=o.sample_interval, seed=o.seed,
-                             api_key=api_key_from(o.api_key))
+                             client_workers=o.client_workers, api_key=api_key_from(o.api_key))
         if o.launch:
             return cls(workload, levels, params, launch=_launch_plan(o), default_max_tokens=default_max,
                        command=command, interleave=o.interleave)
@@ -149,6 +150,8 @@ def _check_numbers(o: BenchOptions) -> None:
         raise PlanError("--slo-p95, --timeout and --avalanche-factor must be positive")
     if o.sample_interval < 0:
         raise PlanError("--sample-interval is seconds between metrics samples (0 turns sampling off)")
+    if o.client_workers is not None and o.client_workers < 1:
+        raise PlanError("--client-workers must be at least 1 (1: no worker processes; default: by level)")
     if not 0 <= o.max_error_rate < 1:
         raise PlanError("--max-error-rate is a fraction in [0, 1), e.g. 0.1 for 10%")
 

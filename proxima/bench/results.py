@@ -103,7 +103,10 @@ class LevelResult:
     peak_token_usage: float | None = None
     peak_fragmentation: float | None = None
     peak_gpu_memory_bytes: int | None = None
-    client_cpu: float = 0.0  # this process's CPU time / wall time (1.0 = one core)
+    client_cpu: float = 0.0  # the busiest client process's CPU time / wall time (1.0 = one core)
+    client_workers: int = 1  # processes that sent the load (1: bench's own event loop)
+    # bench's own process first (sampler, watchdog; with one worker, the load too), then each worker
+    client_cpu_by_process: list[float] = field(default_factory=list)
     client_loop_lag_p99_s: float | None = None
     client_overhead_us_per_token: float | None = None
     server_requests_finished: float | None = None  # deltas of the server's own counters
@@ -255,7 +258,7 @@ CSV_COLUMNS = (
     "tpot_p50_s", "tpot_p95_s", "tpot_p99_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s",
     "peak_in_flight", "peak_running", "peak_waiting", "preemptions", "prefix_cache_hit_rate",
     "peak_kv_usage", "peak_token_usage",
-    "peak_fragmentation", "peak_gpu_memory_bytes", "client_cpu", "client_loop_lag_p99_s",
+    "peak_fragmentation", "peak_gpu_memory_bytes", "client_workers", "client_cpu", "client_loop_lag_p99_s",
     "client_overhead_us_per_token", "server_requests_finished", "server_prompt_tokens",
     "server_generation_tokens", "aborted",
 )

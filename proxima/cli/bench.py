@@ -82,6 +82,10 @@ def bench(
     sample_interval: float = typer.Option(
         0.5, "--sample-interval",
         help="Seconds between samples of the servers' metrics during a level (0: off; no peaks then)."),
+    client_workers: int | None = typer.Option(
+        None, "--client-workers",
+        help="Processes sending the load (default: one per 48 streams or req/s, at most one per core; "
+        "1: bench's own event loop)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Directory for results, workload and report."),
     log_dir: Path | None = typer.Option(
         None, "--log-dir", help="With --launch: server logs (default OUT/logs)."),

@@ -1,0 +1,119 @@
+"""The load of one level on one event loop: closed-loop workers or open-loop arrivals.
+
+Shared by the single-process level (`proxima.bench.sweep.run_level`) and each worker process
+of a multi-worker level (`proxima.bench.workers`), so both send requests the same way. A
+`Tally` is whatever counts requests as they start and finish and says when to stop: the level's
+own state in one process, a relay to the parent in a worker. Every task started here is
+cancelled and awaited before the call that started it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import time
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from proxima.bench.workload import BenchRequest, Workload
+from proxima.load import CANCELLED, OK, RequestResult, StreamingClient
+
+
+class Tally(Protocol):
+    stop: asyncio.Event
+
+    def started(self, result: RequestResult) -> None: ...
+
+    def finished(self, result: RequestResult) -> None: ...
+
+
+class RequestSink(Protocol):
+    def request_done(self, target, result: RequestResult) -> None: ...
+
+
+def request_source(workload: Workload, offset: int, count: int | None) -> Iterator[tuple[int, BenchRequest]]:
+    """(index into the workload, request) for the level starting at `offset`, wrapping around."""
+    n = len(workload.requests)
+    indices = itertools.count(offset) if count is None else range(offset, offset + count)
+    return ((i % n, workload.requests[i % n]) for i in indices)
+
+
+def arrival_offsets(seed: int, rate: float) -> Iterator[float]:
+    """Poisson arrival times in seconds after the level's start (the first at 0), from the seed:
+    the same times whether one process sends them or several share them out."""
+    rng = random.Random(f"{seed}:{rate}")
+    at = 0.0
+    while True:
+        yield at
+        at += rng.expovariate(rate)
+
+
+async def send_turns(client: StreamingClient, tally: Tally, sink: RequestSink, target, request: BenchRequest,
+                     result: RequestResult) -> None:
+    """Send one request, then, for a conversation, each next turn after the previous answer."""
+    turn: BenchRequest | None = request
+    while turn is not None:
+        if turn.followups:
+            result.text = []
+        tally.started(result)
+        try:
+            await client.send(turn.prompt, turn.max_tokens, result)
+        finally:
+            tally.finished(result)
+            if result.status != CANCELLED:
+                sink.request_done(target, result)
+        if result.status != OK or tally.stop.is_set():
+            return
+        turn = turn.next_turn("".join(result.text or ()))
+        result = RequestResult(result.index)
+
+
+async def closed_loop(client: StreamingClient, tally: Tally, sink: RequestSink, target,
+                      source: Iterable[tuple[int, BenchRequest]], concurrency: int,
+                      deadline: float | None) -> None:
+    """`concurrency` workers, each keeping one request in flight, all drawing from `source`."""
+    source = iter(source)  # one shared iterator: each request goes to one worker
+
+    async def worker() -> None:
+        for index, request in source:
+            if tally.stop.is_set() or (deadline and time.perf_counter() >= deadline):
+                return
+            await send_turns(client, tally, sink, target, request, RequestResult(index))
+
+    await until_done_or_stopped([asyncio.create_task(worker()) for _ in range(concurrency)], tally)
+
+
+async def open_loop(client: StreamingClient, tally: Tally, sink: RequestSink, target,
+                    arrivals: Iterable[tuple[float, int, BenchRequest]], t0: float,
+                    deadline: float | None) -> None:
+    """Each request sent at `t0` + its arrival offset, whether or not earlier ones have finished."""
+    tasks: list[asyncio.Task] = []
+    for at, index, request in arrivals:
+        delay = t0 + at - time.perf_counter()
+        if delay > 0:
+            # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for drops a Ctrl-C
+            # that lands as `stop` is set, and the run would go on to its next level.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await tally.stop.wait()
+        if tally.stop.is_set() or (deadline and time.perf_counter() >= deadline):
+            break
+        tasks.append(asyncio.create_task(send_turns(client, tally, sink, target, request,
+                                                    RequestResult(index))))
+    await until_done_or_stopped(tasks, tally)
+
+
+async def until_done_or_stopped(tasks: list[asyncio.Task], tally: Tally) -> None:
+    if not tasks:
+        return
+    stopper = asyncio.create_task(tally.stop.wait())
+    pending = set(tasks)
+    while pending and not tally.stop.is_set():
+        _, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+        pending.discard(stopper)
+    for task in pending:
+        task.cancel()
+    stopper.cancel()
+    await asyncio.gather(*tasks, stopper, return_exceptions=True)
