@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from proxima.bench.drive import arrival_offsets, closed_loop, open_loop, request_source
+from proxima.bench.drive import arrival_offsets, closed_loop, open_loop, pooled_client, request_source
 from proxima.bench.meters import CpuMeter, LoopLagProbe
 from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, TimelinePoint, percentile
 from proxima.bench.workers import ClientLoad, client_workers, plan_workers, run_in_workers
 from proxima.bench.workload import Workload
 from proxima.fetch import auth_headers
-from proxima.load import CANCELLED, FAILED, OK, TIMED_OUT, RequestResult, StreamingClient, new_http_client
+from proxima.load import CANCELLED, FAILED, OK, TIMED_OUT, RequestResult, new_http_client
 from proxima.sampling import SCRAPE_TIMEOUT_S, Sampler, wait_idle
 from proxima.scrape import ServerSnapshot, scrape
 
@@ -155,7 +155,7 @@ async def _settled_counters(http: httpx.AsyncClient, url: str, before: ServerSna
     return previous
 
 
-async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload, kind: str, value: float,
+async def run_level(target: Target, workload: Workload, kind: str, value: float,
                     offset: int, params: SweepParams, observer: Observer,
                     started_s: float = 0.0) -> LevelResult:
     state = _LevelState(params, params.requests_per_level)
@@ -178,7 +178,7 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
                                          request_timeout_s=params.request_timeout_s, api_key=params.api_key)
                     client = await run_in_workers(specs, state, observer, target)
                 else:
-                    client = await _in_process(http, target, workload, kind, value, offset, params, state,
+                    client = await _in_process(target, workload, kind, value, offset, params, state,
                                                observer)
             finally:
                 watchdog.cancel()
@@ -200,20 +200,21 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
     return level
 
 
-async def _in_process(http: httpx.AsyncClient, target: Target, workload: Workload, kind: str, value: float,
+async def _in_process(target: Target, workload: Workload, kind: str, value: float,
                       offset: int, params: SweepParams, state: _LevelState, observer: Observer) -> ClientLoad:
-    """The level from this process's event loop (`--client-workers 1`)."""
-    client = StreamingClient(http, target.url, target.model, params.request_timeout_s)
+    """The level from this process's event loop (`--client-workers 1`); a rate counts as streams."""
     source = request_source(workload, offset, params.requests_per_level)
-    t0 = time.perf_counter()
-    deadline = t0 + params.duration_s if params.duration_s else None
-    if kind == CONCURRENCY:
-        await closed_loop(client, state, observer, target, source, int(value), deadline)
-    else:
-        arrivals = ((at, index, request) for at, (index, request) in zip(arrival_offsets(params.seed, value),
-                                                                         source))
-        await open_loop(client, state, observer, target, arrivals, t0, deadline)
-    return ClientLoad(time.perf_counter() - t0)
+    async with pooled_client(target.url, target.model, params.request_timeout_s, params.api_key,
+                             value) as client:
+        t0 = time.perf_counter()
+        deadline = t0 + params.duration_s if params.duration_s else None
+        if kind == CONCURRENCY:
+            await closed_loop(client, state, observer, target, source, int(value), deadline)
+        else:
+            arrivals = ((at, index, request)
+                        for at, (index, request) in zip(arrival_offsets(params.seed, value), source))
+            await open_loop(client, state, observer, target, arrivals, t0, deadline)
+        return ClientLoad(time.perf_counter() - t0)
 
 
 def summarize(label: str, kind: str, value: float, state: _LevelState, client: ClientLoad,
@@ -308,7 +309,7 @@ class ServerSweep:
             return None
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        level = await run_level(http, self.target, self.workload, kind, value, self.offsets[index],
+        level = await run_level(self.target, self.workload, kind, value, self.offsets[index],
                                 self.params, self.observer, started_s=time.perf_counter() - self._t0)
         self.results.append(level)
         if level.aborted:

@@ -27,11 +27,11 @@ import time
 from dataclasses import dataclass, field, fields
 from itertools import islice, takewhile
 
-from proxima.bench.drive import arrival_offsets, closed_loop, open_loop
+from proxima.bench.drive import arrival_offsets, closed_loop, open_loop, pooled_client
 from proxima.bench.meters import CpuMeter, LoopLagProbe
 from proxima.bench.results import CONCURRENCY, percentile
 from proxima.bench.workload import BenchRequest
-from proxima.load import CANCELLED, FAILED, RequestResult, StreamingClient, new_http_client
+from proxima.load import CANCELLED, FAILED, RequestResult
 
 # One worker per this many streams in flight (requests/s counted as streams, a request of about a
 # second each): what one core keeps timed to the millisecond (scripts/bench_client.py).
@@ -160,8 +160,11 @@ async def _work(spec: WorkerSpec, events, stop, counter, t0: float) -> ClientLoa
     await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
     cpu = CpuMeter()
     deadline = t0 + spec.duration_s if spec.duration_s else None
-    async with new_http_client(spec.request_timeout_s, spec.api_key) as http, LoopLagProbe() as lag:
-        client = StreamingClient(http, spec.url, spec.model, spec.request_timeout_s)
+    # An open loop's share in requests/s, counted as streams (a request of about a second each).
+    span = spec.arrivals[-1][0] if spec.arrivals else 1.0
+    streams = spec.concurrency or len(spec.arrivals) / max(1.0, span)
+    async with pooled_client(spec.url, spec.model, spec.request_timeout_s, spec.api_key, streams) as client, \
+            LoopLagProbe() as lag:
         flusher = asyncio.create_task(relay.run(stop))
         try:
             if spec.concurrency:
