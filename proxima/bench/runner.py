@@ -219,6 +219,7 @@ def _config(plan: BenchPlan) -> dict:
         "request_timeout_s": p.request_timeout_s, "sample_interval_s": p.sample_interval_s, "seed": p.seed,
         "endpoint": "/v1/completions (stream, include_usage, ignore_eos, temperature 0)",
         "interleave": plan.interleave, "client_workers": p.client_workers or "auto",
+        "repeat": p.repeat,
     }
     if plan.launch is not None:
         launch = plan.launch

@@ -22,6 +22,7 @@ import httpx
 
 from proxima.bench.drive import arrival_offsets, closed_loop, open_loop, pooled_client, request_source
 from proxima.bench.meters import CpuMeter, LoopLagProbe
+from proxima.bench.repeats import combine
 from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, TimelinePoint, percentile
 from proxima.bench.workers import ClientLoad, client_workers, plan_workers, run_in_workers
 from proxima.bench.workload import Workload
@@ -43,6 +44,7 @@ class SweepParams:
     sample_interval_s: float = 0.5
     seed: int = 0
     client_workers: int | None = None  # processes sending each level (None: `workers.client_workers`)
+    repeat: int = 1  # runs of each level (`proxima.bench.repeats`)
     # Sent with every request and scrape (vLLM's --api-key); never written to the results.
     api_key: str | None = field(default=None, repr=False)
 
@@ -273,11 +275,15 @@ def levels_to_run(concurrency: list[int], rates: list[float]) -> list[tuple[str,
     return [(CONCURRENCY, float(c)) for c in sorted(concurrency)] + [(RATE, r) for r in sorted(rates)]
 
 
-def level_offsets(workload: Workload, levels: list[tuple[str, float]], params: SweepParams) -> list[int]:
-    """Where each level starts in the workload: the same for every server, so that an A/B sends
-    the same requests at the same level even when one server's earlier level was cut short."""
-    stride = params.requests_per_level or max(1, len(workload.requests) // max(1, len(levels)))
-    return [i * stride for i in range(len(levels))]
+def level_offsets(workload: Workload, levels: list[tuple[str, float]],
+                  params: SweepParams) -> list[list[int]]:
+    """Where each run of each level starts in the workload (`[level][repetition]`): the same for
+    every server, so that an A/B sends the same requests at the same level even when one server's
+    earlier level was cut short; each run takes fresh prompts, so that a repetition is not a
+    replay of the one before from the prefix cache."""
+    runs = len(levels) * params.repeat
+    stride = params.requests_per_level or max(1, len(workload.requests) // max(1, runs))
+    return [[(i * params.repeat + r) * stride for r in range(params.repeat)] for i in range(len(levels))]
 
 
 class ServerSweep:
@@ -298,19 +304,26 @@ class ServerSweep:
         self._broken: set[str] = set()
         self._gone = False
         self._t0: float | None = None
+        self._runs: dict[int, list[LevelResult]] = {}  # each level's runs so far (`--repeat`)
 
     @property
     def stopped(self) -> str | None:
         return "; ".join(self._stopped) or None
 
-    async def run(self, http: httpx.AsyncClient, index: int) -> LevelResult | None:
+    async def run(self, http: httpx.AsyncClient, index: int, repetition: int = 0) -> LevelResult | None:
+        """One run of level `index`; after its last (or one stopped early) the level is recorded."""
         kind, value = self.levels[index]
-        if self._gone or kind in self._broken:
+        runs = self._runs.setdefault(index, [])
+        if self._gone or kind in self._broken or (runs and runs[-1].aborted):
             return None
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        level = await run_level(self.target, self.workload, kind, value, self.offsets[index],
+        level = await run_level(self.target, self.workload, kind, value, self.offsets[index][repetition],
                                 self.params, self.observer, started_s=time.perf_counter() - self._t0)
+        runs.append(level)
+        if repetition < self.params.repeat - 1 and not level.aborted:
+            return level
+        level = combine(runs)
         self.results.append(level)
         if level.aborted:
             self._broken.add(kind)
@@ -331,7 +344,8 @@ async def run_sweep(target: Target, workload: Workload, levels: list[tuple[str, 
     sweep = ServerSweep(target, workload, levels, params, observer, results)
     async with new_http_client(params.request_timeout_s, params.api_key) as http:
         for index in range(len(levels)):
-            await sweep.run(http, index)
+            for repetition in range(params.repeat):
+                await sweep.run(http, index, repetition)
     return sweep.results, sweep.stopped
 
 
@@ -339,12 +353,13 @@ async def run_interleaved(targets: list[Target], workload: Workload, levels: lis
                           params: SweepParams, observer: Observer,
                           results: list[list[LevelResult]] | None = None,
                           ) -> list[tuple[list[LevelResult], str | None]]:
-    """Servers that are up at the same time take turns level by level (A, B, A, B, ...): a drift in
-    the machine's background load then falls on both sides of each comparison, not on one server."""
+    """Servers that are up at the same time take turns run by run (A, B, A, B, ...): a drift in the
+    machine's background load then falls on both sides of each comparison, not on one server."""
     sinks = results if results is not None else [None] * len(targets)
     sweeps = [ServerSweep(t, workload, levels, params, observer, sink) for t, sink in zip(targets, sinks)]
     async with new_http_client(params.request_timeout_s, params.api_key) as http:
         for index in range(len(levels)):
-            for sweep in sweeps:
-                await sweep.run(http, index)
+            for repetition in range(params.repeat):
+                for sweep in sweeps:
+                    await sweep.run(http, index, repetition)
     return [(sweep.results, sweep.stopped) for sweep in sweeps]

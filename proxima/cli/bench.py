@@ -82,6 +82,9 @@ def bench(
     sample_interval: float = typer.Option(
         0.5, "--sample-interval",
         help="Seconds between samples of the servers' metrics during a level (0: off; no peaks then)."),
+    repeat: int = typer.Option(
+        1, "--repeat", help="Run each level this many times: means with 95% intervals; servers whose "
+        "intervals overlap are called tied."),
     client_workers: int | None = typer.Option(
         None, "--client-workers",
         help="Processes sending the load (default: one per 48 streams or req/s, at most one per core; "
