@@ -7,6 +7,7 @@ figures are what a bench level can measure at most on this machine; the client's
 shows which side ran out. On a machine of few cores the stand-in takes a core of its own share.
 
   python scripts/bench_client.py --concurrency 64,256 --seconds 5 --max-tokens 64
+  python scripts/bench_client.py --concurrency 64,256 --workers 1 --streams-per-pool 256  # one pool
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from proxima.bench import drive  # noqa: E402
 from proxima.bench import workload as wl  # noqa: E402
 from proxima.bench.results import CONCURRENCY  # noqa: E402
 from proxima.bench.sweep import Observer, SweepParams, Target, run_sweep  # noqa: E402
@@ -35,9 +37,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per level")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens streamed per request")
     parser.add_argument("--itl-ms", type=float, default=0.0, help="the stand-in's spacing of tokens")
+    parser.add_argument("--streams-per-pool", type=int, default=None,
+                        help="streams per httpx pool in bench's own process (e.g. 256: one pool at c=256); "
+                        "workers keep the default")
     parser.add_argument("--workers", default="1,auto",
                         help="worker counts to compare (auto: bench's default)")
     args = parser.parse_args()
+    if args.streams_per_pool:
+        drive.STREAMS_PER_POOL = args.streams_per_pool
 
     server = subprocess.Popen([sys.executable, "-m", "tests.fast_standin", "--itl-ms", str(args.itl_ms)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
