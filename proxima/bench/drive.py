@@ -21,9 +21,9 @@ from typing import Protocol
 from proxima.bench.workload import BenchRequest, Workload
 from proxima.load import CANCELLED, OK, RequestResult, StreamingClient, new_http_client
 
-# Streams in flight per httpx pool: one pool slows down as it grows. On 2 shared cores, one event
-# loop against tests/fast_standin.py sent 47 req/s through one pool of 256 streams and 280 through
-# eight pools of 32; 87 through one pool of 64 and 186 through two of 32.
+# Streams in flight per httpx pool: one pool slows down as it grows. One event loop on 2 shared
+# cores (scripts/bench_client.py --workers 1, with and without --streams-per-pool 256) sent 49 req/s
+# at c=256 through one pool and 207 through eight of 32; at c=64, 72 through one and 179 through two.
 STREAMS_PER_POOL = 32
 
 

@@ -34,7 +34,8 @@ from proxima.bench.workload import BenchRequest
 from proxima.load import CANCELLED, FAILED, RequestResult
 
 # One worker per this many streams in flight (requests/s counted as streams, a request of about a
-# second each): what one core keeps timed to the millisecond (scripts/bench_client.py).
+# second each), as issue 29 proposes: on the H200 one loop was near its core's limit by c=64. This
+# machine (2 shared cores) cannot show where a worker tops out: scripts/bench_client.py measures it.
 STREAMS_PER_WORKER = 48
 BATCH_S = 0.02  # how often a worker reports: the watchdog and progress lag by at most this
 START_TIMEOUT_S = 60.0  # spawned interpreters importing httpx, on a loaded machine
