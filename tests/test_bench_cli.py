@@ -27,3 +27,18 @@ def test_bench_writes_its_files_to_out(tmp_path):
     (level,) = data["runs"][0]["levels"]
     assert level["completed"] == 4
     assert f"--out {out}" in data["command"]
+
+
+def test_bench_with_workers_and_repeats_reports_intervals(tmp_path):
+    out = tmp_path / "out"
+    with StandInServer(vllm_routes()) as server:
+        result = runner.invoke(app, ["bench", "--url", server.url, "-c", "4", "-n", "6", "--max-tokens", "3",
+                                     "--timeout", "5", "--sample-interval", "0", "--client-workers", "2",
+                                     "--repeat", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    (level,) = data["runs"][0]["levels"]
+    assert level["completed"] == 12 and level["num_runs"] == 2 and level["client_workers"] == 2
+    assert set(level["intervals"]) == {"rps", "output_tps", "ttft_p95_s", "e2e_p95_s"}
+    assert data["config"]["repeat"] == 2 and data["config"]["client_workers"] == 2
+    assert "--client-workers 2" in data["command"] and "--repeat 2" in data["command"]
