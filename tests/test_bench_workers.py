@@ -114,3 +114,24 @@ def test_an_avalanche_seen_by_the_parent_stops_every_worker_and_loses_nothing():
     assert 10 <= level.num_sent < n
     assert level.num_sent == level.completed + level.failed + level.timed_out + level.cancelled
     assert len(recorder.results) == level.failed  # every finished request reported once
+
+
+def test_records_of_a_worker_that_died_are_failed_with_the_reason_not_lost():
+    from proxima.bench.sweep import _LevelState
+    from proxima.bench.workers import FINISHED, STARTED, _Merge
+    from proxima.load import FAILED, RequestResult
+
+    async def scenario():
+        state = _LevelState(SweepParams(min_samples=100), total=10)
+        recorder = _Recorder()
+        merge = _Merge(state, recorder, None)
+        done = RequestResult(3, OK, 1.0, ttft=0.1, e2e=0.2, output_tokens=4)
+        merge.take(0, [(STARTED, 0, (3, 1.0)), (STARTED, 1, (4, 1.1)), (FINISHED, 0, done)])
+        merge.take(1, [(STARTED, 0, (5, 1.2))])
+        assert len(state.in_flight) == 2 and state.peak_in_flight == 2
+        merge.lost(0, "client worker 0 exited (code -9)")
+        assert [(r.index, r.status) for r in state.results] == [(3, OK), (4, FAILED), (5, "cancelled")]
+        assert state.results[1].error == "client worker 0 exited (code -9)" and len(state.in_flight) == 1
+        assert state.results[0].output_tokens == 4 and [r.index for r in recorder.results] == [3, 4]
+
+    asyncio.run(scenario())
