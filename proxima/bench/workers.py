@@ -266,8 +266,13 @@ async def run_in_workers(specs: list[WorkerSpec], state, observer, target) -> Cl
                 go.set()
             for worker, proc in procs.items():
                 if worker not in done and not proc.is_alive() and events.empty():
-                    merge.lost(worker, f"client worker {worker} exited (code {proc.exitcode})")
+                    why = f"client worker {worker} exited (code {proc.exitcode})"
+                    merge.lost(worker, why)
                     done[worker] = None
+                    if not go.is_set():  # the others would wait for it until START_TIMEOUT_S
+                        state.abort(f"{why} before the level started")
+                        stop.set()
+                        go.set()
         load.duration_s = max(0.0, time.perf_counter() - t0)
     finally:
         stop.set()
