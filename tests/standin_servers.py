@@ -142,6 +142,11 @@ _FINISHED = 'vllm:request_success_total{engine="0",finished_reason="length",mode
 METRICS_AT_REST = _METRICS
 
 
+def metrics_page(num_served: int) -> bytes:
+    """The page at rest, its finished count moved on by the completions a stand-in has served."""
+    return _METRICS.replace(_FINISHED, _FINISHED.replace("693.0", f"{693 + num_served}.0")).encode()
+
+
 def sse(*events: object) -> bytes:
     """Server-sent events as vLLM streams them (each a JSON object, or raw bytes as they are)."""
     return b"".join(b"data: " + (e if isinstance(e, bytes) else json.dumps(e).encode()) + b"\n\n"
@@ -158,7 +163,7 @@ def vllm_routes() -> dict[str, Route]:
     served = [0]
 
     def metrics(_request) -> tuple[int, bytes]:
-        return 200, _METRICS.replace(_FINISHED, _FINISHED.replace("693.0", f"{693 + served[0]}.0")).encode()
+        return 200, metrics_page(served[0])
 
     def tokenize(request) -> tuple[int, bytes]:
         prompt = request.get("prompt", "") if isinstance(request, dict) else ""

@@ -68,6 +68,8 @@ class BenchOptions:
     avalanche_factor: float = 3.0
     timeout: float = 120.0
     sample_interval: float = 0.5
+    client_workers: int | None = None
+    repeat: int = 1
     out: Path | None = None
     log_dir: Path | None = None
     api_key: str | None = field(default=None, repr=False)
@@ -100,13 +102,14 @@ class BenchPlan:
         per_level = o.requests if o.requests is not None else \
             (None if o.duration else DEFAULT_REQUESTS_PER_LEVEL)
         try:
-            workload, default_max = _workload(o, per_level, len(levels))
+            workload, default_max = _workload(o, per_level, len(levels) * o.repeat)
         except wl.WorkloadError as err:
             raise PlanError(str(err)) from None
         from proxima.fetch import api_key_from
 
         params = SweepParams(per_level, o.duration, o.slo_p95, o.max_error_rate, o.avalanche_factor,
                              request_timeout_s=o.timeout, sample_interval_s=o.sample_interval, seed=o.seed,
+                             client_workers=o.client_workers, repeat=o.repeat,
                              api_key=api_key_from(o.api_key))
         if o.launch:
             return cls(workload, levels, params, launch=_launch_plan(o), default_max_tokens=default_max,
@@ -149,11 +152,15 @@ def _check_numbers(o: BenchOptions) -> None:
         raise PlanError("--slo-p95, --timeout and --avalanche-factor must be positive")
     if o.sample_interval < 0:
         raise PlanError("--sample-interval is seconds between metrics samples (0 turns sampling off)")
+    if o.repeat < 1:
+        raise PlanError("--repeat is how many times each level runs: at least 1 (2 or more for intervals)")
+    if o.client_workers is not None and o.client_workers < 1:
+        raise PlanError("--client-workers must be at least 1 (1: no worker processes; default: by level)")
     if not 0 <= o.max_error_rate < 1:
         raise PlanError("--max-error-rate is a fraction in [0, 1), e.g. 0.1 for 10%")
 
 
-def _workload(o: BenchOptions, per_level: int | None, num_levels: int) -> tuple[wl.WorkloadPlan, int]:
+def _workload(o: BenchOptions, per_level: int | None, num_runs: int) -> tuple[wl.WorkloadPlan, int]:
     """The workload plan and the default max_tokens of a file's lines; a file is validated now."""
     prompt_range = wl.parse_range(o.prompt_tokens, "--prompt-tokens") if o.prompt_tokens else None
     output_range = wl.parse_range(o.max_tokens, "--max-tokens") if o.max_tokens else None
@@ -171,7 +178,7 @@ def _workload(o: BenchOptions, per_level: int | None, num_levels: int) -> tuple[
         wl.load_jsonl(o.workload, default_max)  # nothing is launched or written on a bad file
     if o.num_prompts is not None and o.num_prompts < 1:
         raise PlanError("--num-prompts must be at least 1")
-    prompts = o.num_prompts or (per_level * num_levels if per_level else 1000)
+    prompts = o.num_prompts or (per_level * num_runs if per_level else 1000)
     return wl.WorkloadPlan(o.workload, prompts, o.seed, prompt_range, output_range), default_max
 
 

@@ -41,17 +41,25 @@ def _e2e(q: str):
     return lambda lv: _num(getattr(lv.e2e, q), "{:.2f}")
 
 
+def _pm(figure: str, cell, scale: float = 1.0, digits: int = 0):
+    """The cell, then ± the half-width of its 95% interval when the level ran more than once."""
+    def render(lv: LevelResult) -> str:
+        found = lv.intervals.get(figure)
+        return cell(lv) + (f" ±{found.half_width * scale:.{digits}f}" if found is not None else "")
+    return render
+
+
 # (header, cell, in the terminal table): one definition for the terminal and the HTML tables;
 # the terminal keeps the columns an A/B is judged by, the HTML has every percentile.
 COLUMNS = (
     ("server", lambda lv: lv.server, True),
     ("level", lambda lv: lv.label, True),
     ("ok/fail/tmo", lambda lv: f"{lv.completed}/{lv.failed}/{lv.timed_out}", True),
-    ("req/s", lambda lv: f"{lv.rps:.2f}", True),
-    ("out tok/s", lambda lv: f"{lv.output_tps:.0f}", True),
+    ("req/s", _pm("rps", lambda lv: f"{lv.rps:.2f}", digits=2), True),
+    ("out tok/s", _pm("output_tps", lambda lv: f"{lv.output_tps:.0f}"), True),
     ("total tok/s", lambda lv: f"{lv.total_tps:.0f}", False),
     ("TTFT p50 ms", lambda lv: _ms(lv.ttft.p50), False),
-    ("TTFT p95 ms", lambda lv: _ms(lv.ttft.p95), True),
+    ("TTFT p95 ms", _pm("ttft_p95_s", lambda lv: _ms(lv.ttft.p95), scale=1e3), True),
     ("TTFT p99 ms", lambda lv: _ms(lv.ttft.p99), False),
     ("ITL p50 ms", lambda lv: _ms(lv.itl.p50), True),
     ("ITL p95 ms", lambda lv: _ms(lv.itl.p95), False),
@@ -60,7 +68,7 @@ COLUMNS = (
     ("TPOT p95 ms", lambda lv: _ms(lv.tpot.p95), False),
     ("TPOT p99 ms", lambda lv: _ms(lv.tpot.p99), False),
     ("E2E p50 s", _e2e("p50"), True),
-    ("E2E p95 s", _e2e("p95"), True),
+    ("E2E p95 s", _pm("e2e_p95_s", _e2e("p95"), digits=2), True),
     ("E2E p99 s", _e2e("p99"), True),
     ("peak running", lambda lv: _num(lv.peak_running), True),
     ("preempt", lambda lv: _num(lv.preemptions), True),

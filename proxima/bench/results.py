@@ -103,7 +103,10 @@ class LevelResult:
     peak_token_usage: float | None = None
     peak_fragmentation: float | None = None
     peak_gpu_memory_bytes: int | None = None
-    client_cpu: float = 0.0  # this process's CPU time / wall time (1.0 = one core)
+    client_cpu: float = 0.0  # the busiest client process's CPU time / wall time (1.0 = one core)
+    client_workers: int = 1  # processes that sent the load (1: bench's own event loop)
+    # bench's own process first (sampler, watchdog; with one worker, the load too), then each worker
+    client_cpu_by_process: list[float] = field(default_factory=list)
     client_loop_lag_p99_s: float | None = None
     client_overhead_us_per_token: float | None = None
     server_requests_finished: float | None = None  # deltas of the server's own counters
@@ -111,6 +114,8 @@ class LevelResult:
     server_generation_tokens: float | None = None
     started_s: float = 0.0  # when the level began, seconds after this server's sweep began
     aborted: str | None = None  # why the level was stopped early (avalanche, server gone)
+    num_runs: int = 1  # `--repeat`: the runs combined here (`proxima.bench.repeats.combine`)
+    intervals: dict = field(default_factory=dict)  # figure -> repeats.Interval, with num_runs > 1
     errors: dict[str, int] = field(default_factory=dict)
     timeline: list[TimelinePoint] = field(default_factory=list)
 
@@ -201,6 +206,12 @@ def verdict(runs: list[ServerRun], slo_p95_s: float, max_error_rate: float) -> d
         unit = "concurrency" if kind == CONCURRENCY else "offered rate"
         for k in knees:
             out["summary"].append(_knee_line(k, slo_p95_s))
+        if len(runs) == 2:
+            from proxima.bench.repeats import compare_runs  # repeats builds on this module
+
+            entry["comparisons"], lines = compare_runs(runs[0].levels_of(kind), runs[1].levels_of(kind),
+                                                       runs[0].label, runs[1].label)
+            out["summary"].extend(lines)
         if len(knees) == 2:
             a, b = knees
             entry["ratio_value"] = _ratio(b.best_value, a.best_value)
@@ -255,9 +266,9 @@ CSV_COLUMNS = (
     "tpot_p50_s", "tpot_p95_s", "tpot_p99_s", "e2e_p50_s", "e2e_p95_s", "e2e_p99_s",
     "peak_in_flight", "peak_running", "peak_waiting", "preemptions", "prefix_cache_hit_rate",
     "peak_kv_usage", "peak_token_usage",
-    "peak_fragmentation", "peak_gpu_memory_bytes", "client_cpu", "client_loop_lag_p99_s",
+    "peak_fragmentation", "peak_gpu_memory_bytes", "client_workers", "client_cpu", "client_loop_lag_p99_s",
     "client_overhead_us_per_token", "server_requests_finished", "server_prompt_tokens",
-    "server_generation_tokens", "aborted",
+    "server_generation_tokens", "num_runs", "aborted",
 )
 
 

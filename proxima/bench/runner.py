@@ -22,6 +22,7 @@ from proxima.bench.plan import BenchPlan
 from proxima.bench.results import BenchResult, ServerRun, verdict
 from proxima.bench.servers import launched
 from proxima.bench.sweep import Observer, SweepParams, Target, run_interleaved, run_sweep
+from proxima.bench.workers import available_cores
 from proxima.fetch import auth_headers
 from proxima.hosts import is_this_host
 from proxima.load import new_http_client
@@ -217,7 +218,8 @@ def _config(plan: BenchPlan) -> dict:
         "avalanche_factor": p.avalanche_factor, "min_samples": p.min_samples,
         "request_timeout_s": p.request_timeout_s, "sample_interval_s": p.sample_interval_s, "seed": p.seed,
         "endpoint": "/v1/completions (stream, include_usage, ignore_eos, temperature 0)",
-        "interleave": plan.interleave,
+        "interleave": plan.interleave, "client_workers": p.client_workers or "auto",
+        "repeat": p.repeat,
     }
     if plan.launch is not None:
         launch = plan.launch
@@ -226,22 +228,32 @@ def _config(plan: BenchPlan) -> dict:
     return config
 
 
-# A client above this share of one core, or waking this late, may be what limits the figures.
+# A client process above this share of one core, or waking this late, may be what limits the
+# figures; so may all of them together above this share of the machine's cores.
 CLIENT_CPU_WARN = 0.8
 CLIENT_LAG_WARN_S = 0.02
 
 
+def client_limited(level) -> bool:
+    total = sum(level.client_cpu_by_process)
+    return (level.client_cpu > CLIENT_CPU_WARN or (level.client_loop_lag_p99_s or 0) > CLIENT_LAG_WARN_S
+            or total > CLIENT_CPU_WARN * available_cores())
+
+
 def client_notes(result: BenchResult) -> list[str]:
     notes = []
+    cores = available_cores()
     for run in result.runs:
-        busy = [lv for lv in run.levels if lv.client_cpu > CLIENT_CPU_WARN
-                or (lv.client_loop_lag_p99_s or 0) > CLIENT_LAG_WARN_S]
+        busy = [lv for lv in run.levels if client_limited(lv)]
         if busy:
             worst = max(busy, key=lambda lv: lv.client_cpu)
             lag_ms = 1e3 * (worst.client_loop_lag_p99_s or 0)
+            fix = ("raise --client-workers" if worst.client_workers < cores else
+                   f"all {cores} cores here already send load: run the client on another machine")
             notes.append(
-                f"{run.label}: the client was busy at {', '.join(lv.label for lv in busy)} (up to "
-                f"{worst.client_cpu:.0%} of a core, event-loop lag p99 {lag_ms:.0f} ms); "
-                "figures there may be limited by the client or by CPU shared with the server"
+                f"{run.label}: the client was the limit at {', '.join(lv.label for lv in busy)} "
+                f"({worst.client_workers} worker(s), the busiest at {worst.client_cpu:.0%} of a core, "
+                f"event-loop lag p99 {lag_ms:.0f} ms); figures there measure the client or CPU shared "
+                f"with the server, not the server alone ({fix})"
             )
     return notes

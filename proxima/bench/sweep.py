@@ -13,22 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import heapq
-import itertools
-import random
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
 
+from proxima.bench.drive import arrival_offsets, closed_loop, open_loop, pooled_client, request_source
 from proxima.bench.meters import CpuMeter, LoopLagProbe
+from proxima.bench.repeats import combine
 from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, TimelinePoint, percentile
-from proxima.bench.workload import BenchRequest, Workload
+from proxima.bench.workers import ClientLoad, client_workers, plan_workers, run_in_workers
+from proxima.bench.workload import Workload
 from proxima.fetch import auth_headers
-from proxima.load import CANCELLED, FAILED, OK, TIMED_OUT, RequestResult, StreamingClient, new_http_client
+from proxima.load import CANCELLED, FAILED, OK, TIMED_OUT, RequestResult, new_http_client
 from proxima.sampling import SCRAPE_TIMEOUT_S, Sampler, wait_idle
 from proxima.scrape import ServerSnapshot, scrape
 
@@ -44,6 +43,8 @@ class SweepParams:
     request_timeout_s: float = 120.0
     sample_interval_s: float = 0.5
     seed: int = 0
+    client_workers: int | None = None  # processes sending each level (None: `workers.client_workers`)
+    repeat: int = 1  # runs of each level (`proxima.bench.repeats`)
     # Sent with every request and scrape (vLLM's --api-key); never written to the results.
     api_key: str | None = field(default=None, repr=False)
 
@@ -115,7 +116,7 @@ class _LevelState:
             return
         num_errors = sum(self.errors.values())
         if num_errors / self.num_done > p.max_error_rate:
-            self._abort(f"error rate {num_errors / self.num_done:.0%} > {p.max_error_rate:.0%} "
+            self.abort(f"error rate {num_errors / self.num_done:.0%} > {p.max_error_rate:.0%} "
                         f"after {self.num_done} requests ({self.errors.most_common(1)[0][0]})")
             return
         if not latency:
@@ -125,9 +126,9 @@ class _LevelState:
         p95 = percentile(list(heapq.merge(self.sorted_e2e, ages)), 95, presorted=True)
         limit = p.avalanche_factor * p.slo_p95_s
         if p95 is not None and p95 > limit:
-            self._abort(f"P95 E2E {p95:.2f}s > {p.avalanche_factor:g}x SLO ({limit:g}s)")
+            self.abort(f"P95 E2E {p95:.2f}s > {p.avalanche_factor:g}x SLO ({limit:g}s)")
 
-    def _abort(self, reason: str) -> None:
+    def abort(self, reason: str) -> None:
         self.aborted = reason
         self.stop.set()
 
@@ -136,69 +137,6 @@ async def _watchdog(state: _LevelState) -> None:
     while not state.stop.is_set():
         await asyncio.sleep(0.25)
         state.check()
-
-
-async def _send(client: StreamingClient, state: _LevelState, observer: Observer, target: Target,
-                request: BenchRequest, result: RequestResult) -> None:
-    """Send one request, then, for a conversation, each next turn after the previous answer."""
-    turn: BenchRequest | None = request
-    while turn is not None:
-        if turn.followups:
-            result.text = []
-        state.started(result)
-        try:
-            await client.send(turn.prompt, turn.max_tokens, result)
-        finally:
-            state.finished(result)
-            if result.status != CANCELLED:
-                observer.request_done(target, result)
-        if result.status != OK or state.stop.is_set():
-            return
-        turn = turn.next_turn("".join(result.text or ()))
-        result = RequestResult(result.index)
-
-
-async def _concurrency(client, state, observer, target, source, concurrency: int, deadline) -> None:
-    async def worker() -> None:
-        for index, request in source:  # one shared iterator: each request goes to one worker
-            if state.stop.is_set() or (deadline and time.perf_counter() >= deadline):
-                return
-            await _send(client, state, observer, target, request, RequestResult(index))
-
-    await _until_done_or_stopped([asyncio.create_task(worker()) for _ in range(concurrency)], state)
-
-
-async def _rate(client, state, observer, target, source, rate: float, deadline, rng: random.Random) -> None:
-    tasks: list[asyncio.Task] = []
-    next_at = time.perf_counter()
-    for index, request in source:
-        delay = next_at - time.perf_counter()
-        if delay > 0:
-            # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for drops a Ctrl-C
-            # that lands as `stop` is set, and the run would go on to its next level.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await state.stop.wait()
-        if state.stop.is_set() or (deadline and time.perf_counter() >= deadline):
-            break
-        send = _send(client, state, observer, target, request, RequestResult(index))
-        tasks.append(asyncio.create_task(send))
-        next_at += rng.expovariate(rate)
-    await _until_done_or_stopped(tasks, state)
-
-
-async def _until_done_or_stopped(tasks: list[asyncio.Task], state: _LevelState) -> None:
-    if not tasks:
-        return
-    stopper = asyncio.create_task(state.stop.wait())
-    pending = set(tasks)
-    while pending and not state.stop.is_set():
-        _, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
-        pending.discard(stopper)
-    for task in pending:
-        task.cancel()
-    stopper.cancel()
-    await asyncio.gather(*tasks, stopper, return_exceptions=True)
 
 
 async def _settled_counters(http: httpx.AsyncClient, url: str, before: ServerSnapshot,
@@ -219,24 +157,15 @@ async def _settled_counters(http: httpx.AsyncClient, url: str, before: ServerSna
     return previous
 
 
-def request_source(workload: Workload, offset: int, count: int | None) -> Iterator[tuple[int, BenchRequest]]:
-    n = len(workload.requests)
-    indices = itertools.count(offset) if count is None else range(offset, offset + count)
-    return ((i % n, workload.requests[i % n]) for i in indices)
-
-
-async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload, kind: str, value: float,
+async def run_level(target: Target, workload: Workload, kind: str, value: float,
                     offset: int, params: SweepParams, observer: Observer,
                     started_s: float = 0.0) -> LevelResult:
-    client = StreamingClient(http, target.url, target.model, params.request_timeout_s)
     state = _LevelState(params, params.requests_per_level)
-    source = request_source(workload, offset, params.requests_per_level)
+    num_workers = client_workers(params.client_workers, kind, value)
     observer.level_started(target, kind, value, params.requests_per_level)
     async with httpx.AsyncClient(headers=auth_headers(params.api_key)) as scrape_http:
         before = await scrape(scrape_http, target.url, params.scrape_timeout_s)
         cpu = CpuMeter()
-        t0 = time.perf_counter()
-        deadline = t0 + params.duration_s if params.duration_s else None
         # Off the event loop that times the tokens, and stopped at once when the level ends.
         sampler = Sampler(target.url, params.sample_interval_s, here=target.local, off_loop=True,
                           timeout_s=max(1.0, 4 * params.sample_interval_s),
@@ -244,20 +173,25 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
         async with sampler.running(final=False), LoopLagProbe() as lag:
             watchdog = asyncio.create_task(_watchdog(state))
             try:
-                if kind == CONCURRENCY:
-                    await _concurrency(client, state, observer, target, source, int(value), deadline)
+                if num_workers > 1:
+                    specs = plan_workers(num_workers, kind, value, workload.requests, offset,
+                                         params.requests_per_level, params.duration_s, params.seed,
+                                         url=target.url, model=target.model,
+                                         request_timeout_s=params.request_timeout_s, api_key=params.api_key)
+                    client = await run_in_workers(specs, state, observer, target)
                 else:
-                    rng = random.Random(f"{params.seed}:{value}")
-                    await _rate(client, state, observer, target, source, value, deadline, rng)
+                    client = await _in_process(target, workload, kind, value, offset, params, state,
+                                               observer)
             finally:
                 watchdog.cancel()
                 await asyncio.gather(watchdog, return_exceptions=True)
-            duration = time.perf_counter() - t0
-            cpu_fraction = cpu.fraction()
+            # This process first (it runs the sampler and the watchdog), then each worker.
+            client.cpu_by_process.insert(0, cpu.fraction())
+            lags = [x for x in (percentile(lag.lags, 99), client.lag_p99_s) if x is not None]
+            client.lag_p99_s = max(lags) if lags else None
         completed = sum(r.status == OK for r in state.results)
         after = await _settled_counters(scrape_http, target.url, before, completed, params.scrape_timeout_s)
-        level = summarize(target.label, kind, value, state, duration, sampler, lag, cpu_fraction,
-                          before, after)
+        level = summarize(target.label, kind, value, state, client, sampler, before, after)
         level.started_s = started_s
         if after.ok:  # the next level starts on an idle server, also after an avalanche
             # (cancelled streams take a moment to be aborted)
@@ -268,11 +202,28 @@ async def run_level(http: httpx.AsyncClient, target: Target, workload: Workload,
     return level
 
 
-def summarize(label: str, kind: str, value: float, state: _LevelState, duration: float,
-              sampler: Sampler, lag: LoopLagProbe, cpu_fraction: float,
-              before: ServerSnapshot, after: ServerSnapshot) -> LevelResult:
+async def _in_process(target: Target, workload: Workload, kind: str, value: float,
+                      offset: int, params: SweepParams, state: _LevelState, observer: Observer) -> ClientLoad:
+    """The level from this process's event loop (`--client-workers 1`); a rate counts as streams."""
+    source = request_source(workload, offset, params.requests_per_level)
+    async with pooled_client(target.url, target.model, params.request_timeout_s, params.api_key,
+                             value) as client:
+        t0 = time.perf_counter()
+        deadline = t0 + params.duration_s if params.duration_s else None
+        if kind == CONCURRENCY:
+            await closed_loop(client, state, observer, target, source, int(value), deadline)
+        else:
+            arrivals = ((at, index, request)
+                        for at, (index, request) in zip(arrival_offsets(params.seed, value), source))
+            await open_loop(client, state, observer, target, arrivals, t0, deadline)
+        return ClientLoad(time.perf_counter() - t0)
+
+
+def summarize(label: str, kind: str, value: float, state: _LevelState, client: ClientLoad,
+              sampler: Sampler, before: ServerSnapshot, after: ServerSnapshot) -> LevelResult:
     results = state.results
     ok = [r for r in results if r.status == OK]
+    duration = client.duration_s
     level = LevelResult(label, kind, value, num_sent=len(results), completed=len(ok),
                         failed=sum(r.status == FAILED for r in results),
                         timed_out=sum(r.status == TIMED_OUT for r in results),
@@ -290,8 +241,10 @@ def summarize(label: str, kind: str, value: float, state: _LevelState, duration:
     level.e2e = Stats.of([r.e2e for r in ok if r.e2e is not None])
     level.errors = dict(Counter(r.error or r.status for r in results if r.status in (FAILED, TIMED_OUT))
                         .most_common(5))
-    level.client_cpu = cpu_fraction
-    level.client_loop_lag_p99_s = percentile(lag.lags, 99)
+    level.client_workers = max(1, len(client.cpu_by_process) - 1)
+    level.client_cpu_by_process = client.cpu_by_process
+    level.client_cpu = max(client.cpu_by_process, default=0.0)
+    level.client_loop_lag_p99_s = client.lag_p99_s
     if level.output_tokens:
         level.client_overhead_us_per_token = 1e6 * sum(r.overhead_s for r in ok) / level.output_tokens
     level.timeline = [TimelinePoint.of(s) for s in sampler.samples]
@@ -322,11 +275,15 @@ def levels_to_run(concurrency: list[int], rates: list[float]) -> list[tuple[str,
     return [(CONCURRENCY, float(c)) for c in sorted(concurrency)] + [(RATE, r) for r in sorted(rates)]
 
 
-def level_offsets(workload: Workload, levels: list[tuple[str, float]], params: SweepParams) -> list[int]:
-    """Where each level starts in the workload: the same for every server, so that an A/B sends
-    the same requests at the same level even when one server's earlier level was cut short."""
-    stride = params.requests_per_level or max(1, len(workload.requests) // max(1, len(levels)))
-    return [i * stride for i in range(len(levels))]
+def level_offsets(workload: Workload, levels: list[tuple[str, float]],
+                  params: SweepParams) -> list[list[int]]:
+    """Where each run of each level starts in the workload (`[level][repetition]`): the same for
+    every server, so that an A/B sends the same requests at the same level even when one server's
+    earlier level was cut short; each run takes fresh prompts, so that a repetition is not a
+    replay of the one before from the prefix cache."""
+    runs = len(levels) * params.repeat
+    stride = params.requests_per_level or max(1, len(workload.requests) // max(1, runs))
+    return [[(i * params.repeat + r) * stride for r in range(params.repeat)] for i in range(len(levels))]
 
 
 class ServerSweep:
@@ -347,19 +304,26 @@ class ServerSweep:
         self._broken: set[str] = set()
         self._gone = False
         self._t0: float | None = None
+        self._runs: dict[int, list[LevelResult]] = {}  # each level's runs so far (`--repeat`)
 
     @property
     def stopped(self) -> str | None:
         return "; ".join(self._stopped) or None
 
-    async def run(self, http: httpx.AsyncClient, index: int) -> LevelResult | None:
+    async def run(self, http: httpx.AsyncClient, index: int, repetition: int = 0) -> LevelResult | None:
+        """One run of level `index`; after its last (or one stopped early) the level is recorded."""
         kind, value = self.levels[index]
-        if self._gone or kind in self._broken:
+        runs = self._runs.setdefault(index, [])
+        if self._gone or kind in self._broken or (runs and runs[-1].aborted):
             return None
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        level = await run_level(http, self.target, self.workload, kind, value, self.offsets[index],
+        level = await run_level(self.target, self.workload, kind, value, self.offsets[index][repetition],
                                 self.params, self.observer, started_s=time.perf_counter() - self._t0)
+        runs.append(level)
+        if repetition < self.params.repeat - 1 and not level.aborted:
+            return level
+        level = combine(runs)
         self.results.append(level)
         if level.aborted:
             self._broken.add(kind)
@@ -380,7 +344,8 @@ async def run_sweep(target: Target, workload: Workload, levels: list[tuple[str, 
     sweep = ServerSweep(target, workload, levels, params, observer, results)
     async with new_http_client(params.request_timeout_s, params.api_key) as http:
         for index in range(len(levels)):
-            await sweep.run(http, index)
+            for repetition in range(params.repeat):
+                await sweep.run(http, index, repetition)
     return sweep.results, sweep.stopped
 
 
@@ -388,12 +353,13 @@ async def run_interleaved(targets: list[Target], workload: Workload, levels: lis
                           params: SweepParams, observer: Observer,
                           results: list[list[LevelResult]] | None = None,
                           ) -> list[tuple[list[LevelResult], str | None]]:
-    """Servers that are up at the same time take turns level by level (A, B, A, B, ...): a drift in
-    the machine's background load then falls on both sides of each comparison, not on one server."""
+    """Servers that are up at the same time take turns run by run (A, B, A, B, ...): a drift in the
+    machine's background load then falls on both sides of each comparison, not on one server."""
     sinks = results if results is not None else [None] * len(targets)
     sweeps = [ServerSweep(t, workload, levels, params, observer, sink) for t, sink in zip(targets, sinks)]
     async with new_http_client(params.request_timeout_s, params.api_key) as http:
         for index in range(len(levels)):
-            for sweep in sweeps:
-                await sweep.run(http, index)
+            for repetition in range(params.repeat):
+                for sweep in sweeps:
+                    await sweep.run(http, index, repetition)
     return [(sweep.results, sweep.stopped) for sweep in sweeps]

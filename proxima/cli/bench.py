@@ -15,14 +15,14 @@ from proxima.bench.plan import DEFAULT_CONCURRENCY
 from proxima.cli.errors import fail
 
 
-def _command(ctx: typer.Context) -> str:
+def _command(ctx: typer.Context, given: dict) -> str:
     """The invocation, rebuilt from the parsed options (for the record in results.json)."""
     import shlex
 
     parts = ["proxima", "bench"]
     extra: list[str] = []
     for param in ctx.command.params:
-        value = ctx.params.get(param.name)
+        value = given.get(param.name)
         if param.name == "vllm_args":
             extra = list(value or [])
         elif param.name == "api_key" and value:
@@ -82,6 +82,13 @@ def bench(
     sample_interval: float = typer.Option(
         0.5, "--sample-interval",
         help="Seconds between samples of the servers' metrics during a level (0: off; no peaks then)."),
+    repeat: int = typer.Option(
+        1, "--repeat", help="Run each level this many times: means with 95% intervals; servers whose "
+        "intervals overlap are called tied."),
+    client_workers: int | None = typer.Option(
+        None, "--client-workers",
+        help="Processes sending the load (default: one per 48 streams or req/s, at most one per core; "
+        "1: bench's own event loop)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Directory for results, workload and report."),
     log_dir: Path | None = typer.Option(
         None, "--log-dir", help="With --launch: server logs (default OUT/logs)."),
@@ -90,11 +97,14 @@ def bench(
         "else $OPENAI_API_KEY); never written to the results."),
 ) -> None:
     """A/B load test: stock vLLM against Proxima."""
+    # The typed parameters, never ctx.params: some typer releases leave those as click parsed them
+    # (a str where a Path is declared), and the plan needs the declared types.
+    given = {name: value for name, value in locals().items() if name != "ctx"}
     from proxima.bench.plan import BenchOptions, BenchPlan, PlanError
 
-    options = BenchOptions(**ctx.params)  # typer passes each option under its parameter's name
+    options = BenchOptions(**given)
     try:
-        plan = BenchPlan.from_options(options, _command(ctx))
+        plan = BenchPlan.from_options(options, _command(ctx, given))
     except PlanError as err:
         fail(str(err))
     _run(plan, options.out)
