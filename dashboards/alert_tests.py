@@ -108,7 +108,7 @@ def _expected(rule: a.AlertRule, firing: Firing, runbook_base: str) -> dict:
         "exp_annotations": {
             "summary": _render(rule.summary, lbls, firing.value_text),
             "description": _render(rule.description, lbls, firing.value_text),
-            "runbook_url": a.runbook_url(rule.runbook, runbook_base),
+            **a.runbook_annotations(rule.runbook, runbook_base),
         },
     }
 

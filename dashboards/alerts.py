@@ -19,13 +19,12 @@ import yaml
 
 from dashboards import DEFAULT_RUNBOOK_BASE
 from dashboards import promql as q
+from proxima import runbooks
 from proxima.metrics import catalog as c
 
 GROUP = "proxima-kv"
 JOIN_ON = ("instance", "engine")
 KEEP = ("job", "instance", "engine")
-RUNBOOK_PAGES = ("kv-exhaustion", "oom-under-load", "memory-leak", "allocator-latency",
-                 "no-throughput-gain", "prefix-cache-thrash")
 
 STEP_OP = "step"
 if STEP_OP not in c.ALLOCATOR_OPS:
@@ -83,15 +82,20 @@ class AlertRule:
             "annotations": {
                 "summary": self.summary,
                 "description": self.description,
-                "runbook_url": runbook_url(self.runbook, runbook_base),
+                **runbook_annotations(self.runbook, runbook_base),
             },
         }
 
 
 def runbook_url(page: str, base: str = DEFAULT_RUNBOOK_BASE) -> str:
-    if page not in RUNBOOK_PAGES:
-        raise ValueError(f"unknown runbook page {page!r}; use one of {', '.join(RUNBOOK_PAGES)}")
+    runbooks.page(page)  # ValueError naming the pages when it is not one shipped
     return f"{base}{page}.md"
+
+
+def runbook_annotations(page: str, base: str = DEFAULT_RUNBOOK_BASE) -> dict[str, str]:
+    """`runbook_url` (repository-relative unless `base` says otherwise) and, for whoever has only
+    the pip package, the command that prints the same page from it."""
+    return {"runbook_url": runbook_url(page, base), "runbook_command": f"proxima runbook {page}"}
 
 
 def step_p99(offset: str = "") -> str:

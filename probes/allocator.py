@@ -35,7 +35,7 @@ MAX_STEP_P99_S = 0.005
 BURST_REQUESTS = 16
 ADVICE = {
     "accounting": ("restart the server with PROXIMA_CHECK_INVARIANTS=1 to find the first bad free",
-                   "roll back to stock allocation meanwhile (runbooks/rollback-to-stock.md)"),
+                   "roll back to stock allocation meanwhile (proxima runbook rollback-to-stock)"),
     "slow": ("compare with --proxima-allocator block on the same traffic (proxima bench)",
              "on very short requests the per-token bookkeeping is overhead: see the runbook's fixes"),
 }

@@ -192,7 +192,7 @@ def advise(r: Readings, verdict: Verdict) -> tuple[str, ...]:
         "exact_kv_figures": ("serve one tenant only, or restart without --proxima-exact-kv-figures (sharing "
                              "stays token-exact; figures come in whole blocks)",
                              "tenants that must not see each other: --proxima-tenant-salt api-key "
-                             "(runbooks/tenant-isolation.md)"),
+                             "(proxima runbook tenant-isolation)"),
     })
 
 

@@ -147,8 +147,9 @@ def test_healthy_proxima_server_passes(proxima_server, fault_servers):
 
     code, out, _ = doctor(proxima_server.url, "--checks", "environment,allocator")
     assert code in (0, 1)
-    for text in ("environment", "allocator", "OK", "proxima_plugin", "runbook: runbooks/startup-failure.md",
-                 "runbook: runbooks/allocator-latency.md", "exit code"):
+    for text in ("environment", "allocator", "OK", "proxima_plugin",
+                 "runbook: proxima runbook startup-failure", "runbook: proxima runbook allocator-latency",
+                 "exit code"):
         assert text in out, f"{text!r} missing from the human report:\n{out}"
 
 
