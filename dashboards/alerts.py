@@ -31,7 +31,6 @@ if STEP_OP not in c.ALLOCATOR_OPS:
     raise RuntimeError(f"catalog.ALLOCATOR_OPS lost {STEP_OP!r}: the latency rules watch it")
 STEP = f'op="{STEP_OP}"'
 LATENCY_WINDOW = "5m"
-STEP_P99_LIMIT_S = 0.001
 REGRESSION_FLOOR_S = 0.00025
 GROWTH_LIMIT_PER_HOUR = 0.05
 THRASH_WINDOW = "10m"
@@ -196,11 +195,12 @@ RULES: tuple[AlertRule, ...] = (
     ),
     AlertRule(
         "ProximaAllocatorStepLatencyHigh",
-        (Condition(step_p99(), ">", f"{STEP_P99_LIMIT_S:g}"),),
+        (Condition(step_p99(), ">", f"{c.ALLOCATOR_STEP_P99_LIMIT_S:g}"),),
         "10m", "warning",
         "KV allocator step p99 {{ $value | humanizeDuration }} on {{ $labels.instance }}",
         "The KV allocator's work per scheduler step on engine {{ $labels.engine }} of "
-        f"{{{{ $labels.instance }}}} has had a 99th percentile above {STEP_P99_LIMIT_S * 1e3:g} ms "
+        "{{ $labels.instance }} has had a 99th percentile above "
+        f"{c.ALLOCATOR_STEP_P99_LIMIT_S * 1e3:g} ms "
         "for 10 minutes. Every step of the whole batch waits for it, so it adds directly to "
         "inter-token latency.",
         "allocator-latency",

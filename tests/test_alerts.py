@@ -69,7 +69,7 @@ def test_rules_cover_the_promised_failure_modes():
                                    f"{c.Vllm.WAITING} == 0"))
     assert "deriv(" in exprs["ProximaKVMemoryGrowth"]
     assert 'op="step"' in exprs["ProximaAllocatorStepLatencyHigh"]
-    assert exprs["ProximaAllocatorStepLatencyHigh"].endswith("> 0.001")
+    assert exprs["ProximaAllocatorStepLatencyHigh"].endswith(f"> {c.ALLOCATOR_STEP_P99_LIMIT_S:g}")
     assert "offset 1d" in exprs["ProximaAllocatorStepLatencyRegression"]
     durations = {r.name: r.for_ for r in alerts.RULES}
     assert durations["ProximaKVExhaustionImminent"] == "2m"
@@ -130,3 +130,18 @@ def test_scrape_example_is_a_valid_config_that_loads_the_rules():
     result = promtool("check", "config", SCRAPE_EXAMPLE.name)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 rule files found" in result.stdout
+
+
+def test_doctor_and_the_alert_judge_step_latency_by_one_catalog_value():
+    from proxima.probes import allocator
+    from proxima.probes.base import Status
+    from proxima.scrape import KVSnapshot
+
+    limit = c.ALLOCATOR_STEP_P99_LIMIT_S
+    assert limit in c.ALLOCATOR_LATENCY.buckets  # a p99 from the buckets crosses it exactly
+    (high,) = (r for r in alerts.RULES if r.name == "ProximaAllocatorStepLatencyHigh")
+    assert high.conditions[0].threshold == f"{limit:g}" and f"above {limit * 1e3:g} ms" in high.description
+    kv = KVSnapshot("token", 1, 100, 60, 40, 0, 50, 0.5, 0.6, 0.1, 0.2, (), 10, 1024, 1 << 20, 3, 0)
+    for step_p99, status in ((limit * 0.99, Status.OK), (limit * 1.01, Status.WARN)):
+        readings = allocator.Readings(kv, step_p99, 0.01, {})  # a small share: only the p99 decides
+        assert allocator.judge(readings).status is status, (step_p99, limit)
