@@ -67,7 +67,8 @@ def resample(values: tuple[float, ...] | list[float], width: int) -> list[float]
 
 
 def occupancy_map(occupancy: tuple[float, ...], width: int, rows: int = 2) -> list[Text]:
-    """Each column a bar as tall as the fraction of its slots in use (rows × 8 levels)."""
+    """Each column a bar as tall as the fraction of its slots used by requests (rows × 8 levels);
+    cached slots are not in the map (the engine leaves them out), so an idle cache is empty."""
     cols = resample(occupancy, width)
     empty = style(f"{DIM} on grey15")
 
@@ -115,7 +116,7 @@ def kv_lines(view: ServerView, width: int) -> list[Text]:
                           "shows them with --proxima-exact-kv-figures)", style=DIM))
     used, cached = kv.slot_usage, kv.slots_cached / kv.slots_total
     free = max(0.0, kv.slots_free - kv.slots_cached) / kv.slots_total  # cached slots are free too
-    legend = f" in use {fmt.pct(used)} · cached {fmt.pct(cached)} · free {fmt.pct(free)}"
+    legend = f" used {fmt.pct(used)} · cached {fmt.pct(cached)} · free {fmt.pct(free)}"
     bar_width = max(10, width - len(legend))
     lines.append(bar([(used, "█", usage_style(used)), (cached, "▒", "blue")], bar_width) + Text(legend))
     lines += [

@@ -64,9 +64,11 @@ class _SlowFigures:
         self._refreshed_at = now
         return True
 
-    def scan(self, in_use: np.ndarray) -> None:
-        self.occupancy = downsample_occupancy(in_use, catalog.OCCUPANCY_SEGMENTS)
-        self.largest_free_run = largest_free_run(in_use)
+    def scan(self, used: np.ndarray, free: np.ndarray) -> None:
+        """`used`: slots requests reference; `free`: slots neither referenced nor cached. Cached
+        slots are neither, so the map never shows an idle cache full of prefixes as in use."""
+        self.occupancy = downsample_occupancy(used, catalog.OCCUPANCY_SEGMENTS)
+        self.largest_free_run = largest_free_run(~free)
 
 
 class SlotKVSource:
@@ -127,7 +129,10 @@ class SlotKVSource:
                 occupancy=None, largest_free_run=None, exact=False,
             )
         if self._slow.due(busy=bool(running)):
-            self._slow.scan(self._mgr.allocator.in_use)
+            allocated = self._mgr.allocator.in_use  # referenced or cached
+            referenced = allocated.copy()
+            referenced[tree.cached_slots()] = False
+            self._slow.scan(referenced, ~allocated)
         return KVStats(
             **figures, slots_used=used, slots_cached=cached, live_tokens=live_tokens,
             prefix=PrefixCacheTotals(counters.hit_tokens, counters.hit_tokens_beyond_blocks,
@@ -169,9 +174,11 @@ class BlockPoolKVSource:
         num_blocks = pool.num_gpu_blocks - 1
         live = live_tokens_per_request(running)
         if self._slow.due(busy=bool(running)):
-            per_block = np.fromiter((blk.ref_cnt > 0 for blk in pool.blocks[1:]), dtype=np.bool_,
-                                    count=num_blocks)
-            self._slow.scan(np.repeat(per_block, b))
+            used = np.fromiter((blk.ref_cnt > 0 for blk in pool.blocks[1:]), dtype=np.bool_, count=num_blocks)
+            # A free block with a hash still holds a prefix-cache entry: cached, not free.
+            empty = np.fromiter((blk.ref_cnt == 0 and (blk.block_hash is None or not self._mgr.enable_caching)
+                                 for blk in pool.blocks[1:]), dtype=np.bool_, count=num_blocks)
+            self._slow.scan(np.repeat(used, b), np.repeat(empty, b))
             self._cached_slots, self._shared_slots = self._count_sharing()
         # vLLM's prefix cache shares whole blocks: each shared block's tokens count once (as of
         # the last slow refresh, which every idle step makes).

@@ -119,23 +119,24 @@ SLOTS_TOTAL = MetricSpec(
 SLOTS_USED = MetricSpec(
     "proxima_kv_slots_used",
     Kind.GAUGE,
-    "Token slots live requests reference, each counted once however many requests share it "
-    "through the prefix cache (for the block allocator: blocks in use x block size).",
+    "Token slots used: live requests reference them, each counted once however many requests share "
+    "it through the prefix cache (for the block allocator: blocks in use x block size).",
     unit="slots",
     figure="slots_used", stat="slots_used",
 )
 SLOTS_FREE = MetricSpec(
     "proxima_kv_slots_free", Kind.GAUGE,
-    "Token slots any request may take: unused ones and cached ones no request references.",
+    "Token slots any request may take (total - used): empty ones and the cached ones of "
+    "proxima_kv_slots_cached, which an allocation evicts on demand.",
     unit="slots",
     figure="slots_free", stat="slots_free",
 )
 SLOTS_CACHED = MetricSpec(
     "proxima_kv_slots_cached",
     Kind.GAUGE,
-    "Free token slots that still hold reusable prefix-cache entries (evicted on demand, least "
-    f"recently used first); counted in whole {REFERENCE_BLOCK_SIZE}-token blocks unless "
-    "--proxima-exact-kv-figures.",
+    "Token slots cached: no request references them, they still hold reusable prefix-cache entries "
+    "(evicted on demand, least recently used first), and proxima_kv_slots_free counts them; "
+    f"counted in whole {REFERENCE_BLOCK_SIZE}-token blocks unless --proxima-exact-kv-figures.",
     unit="slots",
     figure="slots_cached", stat="slots_cached",
 )
@@ -182,8 +183,8 @@ BLOCK_FRAGMENTATION = MetricSpec(
 OCCUPANCY_MAP = MetricSpec(
     "proxima_kv_occupancy_ratio",
     Kind.GAUGE,
-    f"Fraction of slots in use in each of {OCCUPANCY_SEGMENTS} equal segments of the KV cache "
-    f"(a downsampled occupancy map). {_EXACT_ONLY}",
+    f"Fraction of slots used by requests in each of {OCCUPANCY_SEGMENTS} equal segments of the KV "
+    f"cache (a downsampled occupancy map; cached slots are not counted). {_EXACT_ONLY}",
     labels=("engine", "segment"),
     figure="occupancy", stat="occupancy", read=Read.SEGMENTS, combine=Combine.WEIGHTED,
     of=("slots_total",),
@@ -191,7 +192,7 @@ OCCUPANCY_MAP = MetricSpec(
 LARGEST_FREE_RUN = MetricSpec(
     "proxima_kv_largest_free_run_slots",
     Kind.GAUGE,
-    f"Longest run of contiguous free slots. {_EXACT_ONLY}",
+    f"Longest run of contiguous empty slots: neither used by requests nor cached. {_EXACT_ONLY}",
     unit="slots",
     multiprocess_mode="max",
     figure="largest_free_run", stat="largest_free_run", combine=Combine.MAX,
