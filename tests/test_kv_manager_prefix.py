@@ -64,9 +64,11 @@ def test_occupancy_map_and_free_run_count_cached_slots_as_neither_used_nor_free(
     assert (stats.slots_used, stats.slots_cached) == (100, 300)
     edges = np.linspace(0, 1024, catalog.OCCUPANCY_SEGMENTS + 1).astype(np.int64)
     assert float(np.dot(stats.occupancy, np.diff(edges))) == 100  # used by requests only
+    assert float(np.dot(stats.occupancy_cached, np.diff(edges))) == 300  # the cached map beside it
     assert stats.largest_free_run == 1024 - 400  # the slots neither used nor cached, in one run
 
     mgr.free(live)
-    idle = SlotKVSource(mgr, "token", clock=lambda: 0.0).collect([])
+    idle = SlotKVSource(mgr, "token", clock=lambda: 0.0).collect([])  # idle steps always refresh
     assert idle.slots_used == 0 and idle.slots_cached == 400
     assert not any(idle.occupancy)  # an idle cache full of prefixes is not "in use"
+    assert float(np.dot(idle.occupancy_cached, np.diff(edges))) == 400

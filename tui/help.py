@@ -22,8 +22,8 @@ HELP = """\
   slots       three kinds: [b]used[/b] (█) by running requests · [b]cached[/b] ([blue]▒[/]) prefix entries no
               request references, evicted on demand · [b]free[/b] (░) empty. /metrics'
               proxima_kv_slots_free counts cached + free: all that a new request may take
-  map         the cache's slots in 64 equal segments, resampled to the width: bar height = share used
-              by requests (cached slots are not in it); "free run" = longest run of free slots
+  map         the cache's slots in 64 equal segments, resampled to the width: share used by requests
+              from the bottom, cached stacked above it ([blue]▒[/]); "free run": longest run of free slots
   tokens      live tokens against capacity, and what 16-token blocks would use for the same requests
   fragment.   allocated-but-unused share of the used slots (and under 16-token blocks)
   headroom    (free + cached) slots / mean tokens per running request (none running: recent finished)

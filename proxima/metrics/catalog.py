@@ -189,6 +189,15 @@ OCCUPANCY_MAP = MetricSpec(
     figure="occupancy", stat="occupancy", read=Read.SEGMENTS, combine=Combine.WEIGHTED,
     of=("slots_total",),
 )
+OCCUPANCY_CACHED_MAP = MetricSpec(
+    "proxima_kv_occupancy_cached_ratio",
+    Kind.GAUGE,
+    f"Fraction of slots cached (prefix entries no request references) in each of the "
+    f"{OCCUPANCY_SEGMENTS} segments of proxima_kv_occupancy_ratio. {_EXACT_ONLY}",
+    labels=("engine", "segment"),
+    figure="occupancy_cached", stat="occupancy_cached", read=Read.SEGMENTS, combine=Combine.WEIGHTED,
+    of=("slots_total",),
+)
 LARGEST_FREE_RUN = MetricSpec(
     "proxima_kv_largest_free_run_slots",
     Kind.GAUGE,
@@ -286,6 +295,7 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
     FRAGMENTATION,
     BLOCK_FRAGMENTATION,
     OCCUPANCY_MAP,
+    OCCUPANCY_CACHED_MAP,
     LARGEST_FREE_RUN,
     BYTES_PER_TOKEN,
     CACHE_BYTES,
