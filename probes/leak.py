@@ -63,7 +63,7 @@ ADVICE = {
     "leak": (("check that PROXIMA_FAULT_LEAK_SLOTS and PROXIMA_ENABLE_TEST_FAULTS are not set in the "
               "server's environment (a test-only fault that leaks on purpose)"),
              ("restart the server to reclaim the slots; until the fix, roll back to stock allocation "
-              "(runbooks/rollback-to-stock.md)"),
+              "(proxima runbook rollback-to-stock)"),
              ("reproduce with PROXIMA_CHECK_INVARIANTS=1 and attach the server log and this output to "
               "the bug")),
     "rising": ("run `proxima doctor --checks leak --window 600` in a quiet hour to confirm",

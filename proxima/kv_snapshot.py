@@ -55,6 +55,8 @@ class KVSnapshot:
     prefix_evicted_tokens_total: float = 0.0
     # Exceptions a telemetry sink raised and the engine caught (its figures may be stale meanwhile).
     telemetry_errors_total: float = 0.0
+    # Cached slots per segment of `occupancy` (empty from servers that do not publish it).
+    occupancy_cached: tuple[float, ...] = ()
     # "block": figures that depend on other requests' cached tokens come in whole blocks, and the
     # occupancy map, largest free run and hits beyond blocks are not published; "exact": all are.
     kv_figures: str = "exact"

@@ -204,7 +204,8 @@ def _check_plausible(snap: ServerSnapshot, kv_usage: dict[str | None, float]) ->
                                    f"{c.SLOTS_TOTAL.name}")
     # Shares of something that exists (block usage is not one: what blocks *would* need can exceed
     # the capacity that token slots fit).
-    ratios = {c.OCCUPANCY_MAP.name: max(kv.occupancy, default=0.0)}
+    ratios = {c.OCCUPANCY_MAP.name: max(kv.occupancy, default=0.0),
+              c.OCCUPANCY_CACHED_MAP.name: max(kv.occupancy_cached, default=0.0)}
     ratios |= {spec.name: kv.figure(spec.figure)
                for spec in (c.TOKEN_USAGE, c.FRAGMENTATION, c.BLOCK_FRAGMENTATION)}
     for name, value in ratios.items():

@@ -35,10 +35,10 @@ FAKE = c.MetricSpec(
 STATS = (
     KVStats(allocator="token", granularity=1, slots_total=1000, slots_used=300, slots_cached=40,
             live_tokens=290, requests_holding_slots=3, reference_block=16, reference_block_slots=320,
-            occupancy=(1.0, 0.2), largest_free_run=600),
+            occupancy=(1.0, 0.2), largest_free_run=600, occupancy_cached=(0.0, 0.04)),
     KVStats(allocator="token", granularity=1, slots_total=3000, slots_used=150, slots_cached=0,
             live_tokens=100, requests_holding_slots=2, reference_block=16, reference_block_slots=128,
-            occupancy=(0.0, 0.1), largest_free_run=2800),
+            occupancy=(0.0, 0.1), largest_free_run=2800, occupancy_cached=(0.0, 0.0)),
 )
 
 
@@ -121,6 +121,7 @@ def test_the_existing_figures_combine_by_their_rules():
     assert kv.block_fragmentation == pytest.approx((448 - 390) / 448)
     # Slot-weighted, segment by segment (the exporter shows all 64, unpublished ones at 0).
     assert kv.occupancy[:2] == pytest.approx(((1.0 * 1000 + 0.0) / 4000, (0.2 * 1000 + 0.1 * 3000) / 4000))
+    assert kv.occupancy_cached[:2] == pytest.approx((0.0, 0.04 * 1000 / 4000))
     assert kv.largest_free_run == 2800 and kv.bytes_per_token == 1024  # MAX
     assert kv.cache_bytes == 4000 * 1024 and kv.requests_holding_slots == 5  # SUM
     assert (kv.allocator, kv.granularity) == ("token", 1)

@@ -46,3 +46,29 @@ def test_a_later_request_hits_the_answer_and_stats_count_the_hit():
     mgr.free(turn2)
     assert mgr.cache.num_referenced == 0
     mgr.cache.assert_consistent()
+
+
+def test_occupancy_map_and_free_run_count_cached_slots_as_neither_used_nor_free():
+    import numpy as np
+
+    from proxima.engine.kv_sources import SlotKVSource
+    from proxima.metrics import catalog
+
+    mgr = manager(num_slots=1024)
+    done = StandInRequest("done", list(range(1, 301)), num_prompt_tokens=300)
+    admit(mgr, done)
+    mgr.free(done)  # its 300 slots stay cached
+    live = StandInRequest("live", list(range(1000, 1100)), num_prompt_tokens=100)
+    admit(mgr, live)
+    stats = SlotKVSource(mgr, "token", clock=lambda: 10.0).collect([live])  # slow figures due
+    assert (stats.slots_used, stats.slots_cached) == (100, 300)
+    edges = np.linspace(0, 1024, catalog.OCCUPANCY_SEGMENTS + 1).astype(np.int64)
+    assert float(np.dot(stats.occupancy, np.diff(edges))) == 100  # used by requests only
+    assert float(np.dot(stats.occupancy_cached, np.diff(edges))) == 300  # the cached map beside it
+    assert stats.largest_free_run == 1024 - 400  # the slots neither used nor cached, in one run
+
+    mgr.free(live)
+    idle = SlotKVSource(mgr, "token", clock=lambda: 0.0).collect([])  # idle steps always refresh
+    assert idle.slots_used == 0 and idle.slots_cached == 400
+    assert not any(idle.occupancy)  # an idle cache full of prefixes is not "in use"
+    assert float(np.dot(idle.occupancy_cached, np.diff(edges))) == 400

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from proxima import runbooks
 from proxima.cli.doctor import render
 from proxima.load import Completion, make_prompt
 from proxima.probes import runner
@@ -174,7 +175,7 @@ def test_render_shows_table_evidence_advice_and_runbook():
     assert "environment" in out and "OK" in out and "FAIL" in out
     assert "slots_in_use_idle  144" in out and "3.142" in out
     assert "-> restart the server" in out
-    assert "runbook: runbooks/memory-leak.md" in out
+    assert f"runbook: proxima runbook memory-leak  ({runbooks.page('memory-leak')})" in out
     assert "exit code 2" in out
 
 

@@ -119,6 +119,23 @@ def test_kv_stats_fragmentation_and_block_arithmetic():
     assert kv_sources.largest_free_run(occ) == 3
 
 
+def test_block_pool_maps_used_and_cached_blocks_apart():
+    """vLLM's block pool observed on stand-ins: a free block that keeps its hash is cached, not free."""
+    from types import SimpleNamespace as NS
+
+    # Block 0 is vLLM's null block; then used, cached, free, used, free, free.
+    blocks = [NS(ref_cnt=0, block_hash=None)] + [NS(ref_cnt=r, block_hash=h) for r, h in (
+        (1, "a"), (0, "b"), (0, None), (2, "c"), (0, None), (0, None))]
+    pool = NS(num_gpu_blocks=len(blocks), blocks=blocks, get_num_free_blocks=lambda: 4)
+    manager = NS(block_pool=pool, enable_caching=True,
+                 coordinator=NS(single_type_managers=[NS(req_to_blocks={"r": blocks[1:2]})]))
+    stats = kv_sources.BlockPoolKVSource(manager, "block", block_size=4, clock=lambda: 10.0).collect([])
+    per_slot = [float(x) for x in "100100" for _ in range(4)]  # 24 slots: one segment each
+    assert stats.occupancy == tuple(per_slot) and stats.slots_cached == 4
+    assert stats.occupancy_cached == tuple(float(x) for x in "010000" for _ in range(4))
+    assert stats.largest_free_run == 2 * 4  # the last two blocks; the cached one breaks the first run
+
+
 class AllocatorAgainstModel(RuleBasedStateMachine):
     """Random allocate/free sequences; the model is a set of free slots and a dict of holders."""
 

@@ -175,6 +175,24 @@ def test_occupancy_map_heights_follow_the_segments():
     assert bottom == "·██▄" and top == "  █ "
 
 
+def _style_at(line, offset: int):
+    return next(span.style for span in line.spans if span.start <= offset < span.end)
+
+
+def test_occupancy_map_stacks_cached_slots_above_the_used_ones_in_their_own_glyph_and_colour():
+    # Idle with a cache full of prefixes; half used and half cached; a quarter used, a quarter cached.
+    lines = render.occupancy_map((0.0, 0.5, 0.25), width=3, rows=2, cached=(1.0, 0.5, 0.25))
+    top, bottom = lines
+    assert (top.plain, bottom.plain) == ("▒▒ ", "▒█▄")
+    cached = render.style(f"{render.CACHED} on grey15")
+    assert _style_at(top, 0) == cached and _style_at(bottom, 0) == cached
+    assert _style_at(bottom, 1) == render.style(f"{render.usage_style(0.5)} on grey15")
+    # The quarter used fills half the bottom cell; the cached quarter above it shows as its background.
+    assert _style_at(bottom, 2) == render.style(f"{render.usage_style(0.25)} on {render.CACHED}")
+    # Without a cached map (a server that does not publish it) the map is the used share alone.
+    assert [line.plain for line in render.occupancy_map((0.0, 0.5, 0.25), 3, 2)] == ["   ", "·█▄"]
+
+
 def test_plain_snapshot_shows_the_states_figures(final):
     text = render_plain(final, width=110)
     kv = final.views[0].kv

@@ -19,11 +19,14 @@ HELP = """\
   [b]q[/b]          quit
 
 [b]KV memory[/b]  (Proxima's engine metrics; stock vLLM exposes only its block-level usage)
-  map         the cache's slots in 64 equal segments, resampled to the width: bar height = share in use
-  slots       allocated / capacity; cached = free slots still holding reusable prefix entries
+  slots       three kinds: [b]used[/b] (█) by running requests · [b]cached[/b] ([blue]▒[/]) prefix entries no
+              request references, evicted on demand · [b]free[/b] (░) empty. /metrics'
+              proxima_kv_slots_free counts cached + free: all that a new request may take
+  map         the cache's slots in 64 equal segments, resampled to the width: share used by requests
+              from the bottom, cached stacked above it ([blue]▒[/]); "free run": longest run of free slots
   tokens      live tokens against capacity, and what 16-token blocks would use for the same requests
-  fragment.   allocated-but-unused share of the allocated slots (and under 16-token blocks)
-  headroom    free slots / mean tokens per running request (no request running: recent finished ones)
+  fragment.   allocated-but-unused share of the used slots (and under 16-token blocks)
+  headroom    (free + cached) slots / mean tokens per running request (none running: recent finished)
   allocator   allocate / free / per-step time, p50/p99 over the latency window
 
 [b]Serving[/b]  (vLLM's own metrics)

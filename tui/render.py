@@ -20,6 +20,7 @@ from proxima.tui.model import DANGER_USAGE, WARN_USAGE, Point, ServerView
 RAMP = " ▁▂▃▄▅▆▇█"
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "danger": "bold red"}
 DIM = "bright_black"
+CACHED = "blue"  # prefix-cache entries no request references: the map, the bar and the help agree
 
 
 @lru_cache(maxsize=64)
@@ -66,18 +67,30 @@ def resample(values: tuple[float, ...] | list[float], width: int) -> list[float]
     return out
 
 
-def occupancy_map(occupancy: tuple[float, ...], width: int, rows: int = 2) -> list[Text]:
-    """Each column a bar as tall as the fraction of its slots in use (rows × 8 levels)."""
-    cols = resample(occupancy, width)
+def occupancy_map(occupancy: tuple[float, ...], width: int, rows: int = 2,
+                  cached: tuple[float, ...] = ()) -> list[Text]:
+    """Each column a bar (rows × 8 levels): the share of its slots used by requests from the
+    bottom, coloured by how full, and the share cached stacked above it in CACHED, a cell wholly
+    cached drawn ▒ as in the bar below the map, so cached reads as cached even without colour.
+    `cached` empty (a server that does not publish it): used only."""
+    used_cols = resample(occupancy, width)
+    cached_cols = resample(cached, width) if len(cached) == len(occupancy) else [0.0] * len(used_cols)
     empty = style(f"{DIM} on grey15")
+    levels = rows * 8
 
-    def cell(f: float, row: int) -> tuple[str, Style]:
-        level = round(max(0.0, min(1.0, f)) * rows * 8) - row * 8
-        if level <= 0 and row == 0:
+    def cell(u: float, k: float, row: int) -> tuple[str, Style]:
+        used = round(max(0.0, min(1.0, u)) * levels) - row * 8
+        top = round(max(0.0, min(1.0, u + k)) * levels) - row * 8
+        if top <= 0 and row == 0:
             return "·", empty  # an empty stretch, visible even without colour
-        return RAMP[max(0, min(8, level))], style(f"{usage_style(f)} on grey15")
+        if top <= used or used >= 8 or top <= 0:  # no cached slots in this cell
+            return RAMP[max(0, min(8, top))], style(f"{usage_style(u)} on grey15")
+        if used <= 0:  # cached only
+            return ("▒" if top >= 8 else RAMP[top]), style(f"{CACHED} on grey15")
+        return RAMP[used], style(f"{usage_style(u)} on {CACHED}")  # used, with cached above it
 
-    return [append_runs(Text(), (cell(f, row) for f in cols)) for row in range(rows - 1, -1, -1)]
+    return [append_runs(Text(), (cell(u, k, row) for u, k in zip(used_cols, cached_cols)))
+            for row in range(rows - 1, -1, -1)]
 
 
 def bar(parts: list[tuple[float, str, str]], width: int) -> Text:
@@ -108,16 +121,16 @@ def kv_lines(view: ServerView, width: int) -> list[Text]:
     if not kv.slots_total:
         return [Text("Proxima metrics present, but the engine has not reported its first step yet "
                      "(send a request).", style=DIM)]
-    lines = occupancy_map(kv.occupancy, width) if kv.occupancy else []
+    lines = occupancy_map(kv.occupancy, width, cached=kv.occupancy_cached) if kv.occupancy else []
     if not kv.exact_figures:
         lines.append(Text(f"prefix-cache figures in whole {catalog.REFERENCE_BLOCK_SIZE}-token blocks, as "
                           "a block cache discloses them: no slot map or free run (a single-tenant server "
                           "shows them with --proxima-exact-kv-figures)", style=DIM))
     used, cached = kv.slot_usage, kv.slots_cached / kv.slots_total
     free = max(0.0, kv.slots_free - kv.slots_cached) / kv.slots_total  # cached slots are free too
-    legend = f" in use {fmt.pct(used)} · cached {fmt.pct(cached)} · free {fmt.pct(free)}"
+    legend = f" used {fmt.pct(used)} · cached {fmt.pct(cached)} · free {fmt.pct(free)}"
     bar_width = max(10, width - len(legend))
-    lines.append(bar([(used, "█", usage_style(used)), (cached, "▒", "blue")], bar_width) + Text(legend))
+    lines.append(bar([(used, "█", usage_style(used)), (cached, "▒", CACHED)], bar_width) + Text(legend))
     lines += [
         _row("slots", (f"{fmt.count(kv.slots_used)} / {fmt.count(kv.slots_total)}", usage_style(used)),
              f" used ({fmt.pct(used)}) · {fmt.count(kv.slots_cached)} cached · "
@@ -363,7 +376,8 @@ def servers_lines(views: tuple[ServerView, ...], aggregate: ServerView, width: i
     for n, view in enumerate(views, start=1):
         head = Text(f"{n} {fmt.short_url(view.url)[:20]:<20}  ", style="bold")
         if view.kv is not None and view.kv.occupancy and view.kv.slots_total:
-            lines.append(head + occupancy_map(view.kv.occupancy, strip, rows=1)[0])
+            strip_map = occupancy_map(view.kv.occupancy, strip, rows=1, cached=view.kv.occupancy_cached)
+            lines.append(head + strip_map[0])
         elif view.kind == "stock":
             lines.append(head + bar([(view.kv_usage, "█", usage_style(view.kv_usage))], strip))
         else:

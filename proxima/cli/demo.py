@@ -131,5 +131,5 @@ def _render(console, result, Table) -> None:
         table.add_row("preemptions (KV full)", f"{last.proxima.preemptions_total:.0f}")
         table.add_row("slots in use after the burst", f"{last.proxima.slots_used:.0f}")
     console.print(table)
-    console.print("occupancy map at peak (each cell: 1/64 of the cache):")
+    console.print("slots used by requests at peak (each cell: 1/64 of the cache; cached ones not counted):")
     console.print(f"[green]|{_strip(kv.occupancy)}|[/]")

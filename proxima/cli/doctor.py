@@ -96,6 +96,16 @@ def _value(value: object) -> str:
     return fmt.NA if value is None else str(value)
 
 
+def runbook_line(ref: str) -> str:
+    """The command that prints the page and where it is installed (a repo path means nothing to pip)."""
+    from proxima import runbooks
+
+    try:
+        return f"proxima runbook {runbooks.page_name(ref)}  ({runbooks.page(ref)})"
+    except ValueError:  # a report read back from JSON may name a page this install lacks
+        return ref
+
+
 def render(report, console) -> None:
     """The human report: a table of checks, then each check's evidence, advice and runbook."""
     from rich.table import Table
@@ -119,7 +129,9 @@ def render(report, console) -> None:
         for line in r.advice:
             console.print(f"  -> {line}", markup=False, highlight=False)
         if r.runbook:
-            console.print(f"  runbook: {r.runbook}", markup=False, highlight=False)
+            # Unwrapped, so that the path stays one piece to copy.
+            console.print(f"  runbook: {runbook_line(r.runbook)}", markup=False, highlight=False,
+                          soft_wrap=True)
     counts = {s: sum(1 for r in report.results if r.status.value == s) for s in _STYLE}
     console.print(
         f"\n{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail, {counts['skip']} skip, "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from proxima.cli import bench, demo, doctor, model, serve, top
+from proxima.cli import bench, demo, doctor, model, runbook, serve, top, version
 
 app = typer.Typer(
     name="proxima",
@@ -16,6 +16,16 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+@app.callback()
+def main(
+    _version: bool = typer.Option(False, "--version", is_eager=True, callback=version.print_version,
+                                  help="Print Proxima's version and the vLLM release it is pinned to."),
+) -> None:
+    """Token-granular KV cache for vLLM, and the tools to watch and judge it."""
+
+
 app.command(
     "serve",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
@@ -29,6 +39,9 @@ app.command("demo", help="Serve a real model with Proxima, drive a burst of chat
 app.command("top", help="Live terminal dashboard of KV memory and serving health.")(top.top)
 app.command("doctor", help="Diagnose a live deployment: OOM, leak, determinism, bottleneck.")(doctor.doctor)
 app.command("bench", help="A/B load test: stock vLLM against Proxima.")(bench.bench)
+app.command("runbook", help="Print a runbook page (the one doctor and the alerts name), or list them.")(
+    runbook.runbook
+)
 
 if __name__ == "__main__":  # python -m proxima.cli.main (what proxima.server_process runs)
     app()

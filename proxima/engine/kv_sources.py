@@ -53,6 +53,7 @@ class _SlowFigures:
         self._clock = clock
         self._refreshed_at = 0.0
         self.occupancy: tuple[float, ...] = ()
+        self.occupancy_cached: tuple[float, ...] = ()
         self.largest_free_run = 0
 
     def due(self, busy: bool) -> bool:
@@ -64,9 +65,13 @@ class _SlowFigures:
         self._refreshed_at = now
         return True
 
-    def scan(self, in_use: np.ndarray) -> None:
-        self.occupancy = downsample_occupancy(in_use, catalog.OCCUPANCY_SEGMENTS)
-        self.largest_free_run = largest_free_run(in_use)
+    def scan(self, used: np.ndarray, cached: np.ndarray) -> None:
+        """`used`: slots requests reference; `cached`: slots holding prefix entries no request
+        references. Two maps, so an idle cache full of prefixes never reads as in use; the free
+        run counts slots that are neither."""
+        self.occupancy = downsample_occupancy(used, catalog.OCCUPANCY_SEGMENTS)
+        self.occupancy_cached = downsample_occupancy(cached, catalog.OCCUPANCY_SEGMENTS)
+        self.largest_free_run = largest_free_run(used | cached)
 
 
 class SlotKVSource:
@@ -127,13 +132,17 @@ class SlotKVSource:
                 occupancy=None, largest_free_run=None, exact=False,
             )
         if self._slow.due(busy=bool(running)):
-            self._slow.scan(self._mgr.allocator.in_use)
+            cached_mask = np.zeros(cache.num_slots, dtype=np.bool_)
+            cached_mask[tree.cached_slots()] = True
+            # The allocator holds every referenced or cached slot.
+            self._slow.scan(self._mgr.allocator.in_use & ~cached_mask, cached_mask)
         return KVStats(
             **figures, slots_used=used, slots_cached=cached, live_tokens=live_tokens,
             prefix=PrefixCacheTotals(counters.hit_tokens, counters.hit_tokens_beyond_blocks,
                                      counters.evicted_tokens),
             occupancy=self._slow.occupancy,
             largest_free_run=self._slow.largest_free_run,
+            occupancy_cached=self._slow.occupancy_cached,
         )
 
 
@@ -169,9 +178,11 @@ class BlockPoolKVSource:
         num_blocks = pool.num_gpu_blocks - 1
         live = live_tokens_per_request(running)
         if self._slow.due(busy=bool(running)):
-            per_block = np.fromiter((blk.ref_cnt > 0 for blk in pool.blocks[1:]), dtype=np.bool_,
-                                    count=num_blocks)
-            self._slow.scan(np.repeat(per_block, b))
+            used = np.fromiter((blk.ref_cnt > 0 for blk in pool.blocks[1:]), dtype=np.bool_, count=num_blocks)
+            # A free block with a hash still holds a prefix-cache entry: cached, not free.
+            cached = np.fromiter((self._mgr.enable_caching and blk.ref_cnt == 0 and blk.block_hash is not None
+                                  for blk in pool.blocks[1:]), dtype=np.bool_, count=num_blocks)
+            self._slow.scan(np.repeat(used, b), np.repeat(cached, b))
             self._cached_slots, self._shared_slots = self._count_sharing()
         # vLLM's prefix cache shares whole blocks: each shared block's tokens count once (as of
         # the last slow refresh, which every idle step makes).
@@ -188,6 +199,7 @@ class BlockPoolKVSource:
             reference_block_slots=max(0, block_slots(live, catalog.REFERENCE_BLOCK_SIZE) - shared),
             occupancy=self._slow.occupancy,
             largest_free_run=self._slow.largest_free_run,
+            occupancy_cached=self._slow.occupancy_cached,
         )
 
     def _count_sharing(self) -> tuple[int, int]:

@@ -343,6 +343,12 @@ class RadixTree:
         self._clock += 1
         return self._clock
 
+    def cached_slots(self) -> np.ndarray:
+        """Slots of unlocked nodes: cache entries no request references. A walk of the whole tree,
+        for the telemetry's periodic occupancy scan, never the scheduling path."""
+        runs = [n.slots for n in self.nodes() if not n.lock_ref]
+        return np.concatenate(runs) if runs else _EMPTY_SLOTS
+
     # -- inspection (tests, invariant checks) ----------------------------------------------------
 
     def nodes(self) -> Iterator[Node]:

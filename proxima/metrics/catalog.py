@@ -119,23 +119,24 @@ SLOTS_TOTAL = MetricSpec(
 SLOTS_USED = MetricSpec(
     "proxima_kv_slots_used",
     Kind.GAUGE,
-    "Token slots live requests reference, each counted once however many requests share it "
-    "through the prefix cache (for the block allocator: blocks in use x block size).",
+    "Token slots used: live requests reference them, each counted once however many requests share "
+    "it through the prefix cache (for the block allocator: blocks in use x block size).",
     unit="slots",
     figure="slots_used", stat="slots_used",
 )
 SLOTS_FREE = MetricSpec(
     "proxima_kv_slots_free", Kind.GAUGE,
-    "Token slots any request may take: unused ones and cached ones no request references.",
+    "Token slots any request may take (total - used): empty ones and the cached ones of "
+    "proxima_kv_slots_cached, which an allocation evicts on demand.",
     unit="slots",
     figure="slots_free", stat="slots_free",
 )
 SLOTS_CACHED = MetricSpec(
     "proxima_kv_slots_cached",
     Kind.GAUGE,
-    "Free token slots that still hold reusable prefix-cache entries (evicted on demand, least "
-    f"recently used first); counted in whole {REFERENCE_BLOCK_SIZE}-token blocks unless "
-    "--proxima-exact-kv-figures.",
+    "Token slots cached: no request references them, they still hold reusable prefix-cache entries "
+    "(evicted on demand, least recently used first), and proxima_kv_slots_free counts them; "
+    f"counted in whole {REFERENCE_BLOCK_SIZE}-token blocks unless --proxima-exact-kv-figures.",
     unit="slots",
     figure="slots_cached", stat="slots_cached",
 )
@@ -182,16 +183,25 @@ BLOCK_FRAGMENTATION = MetricSpec(
 OCCUPANCY_MAP = MetricSpec(
     "proxima_kv_occupancy_ratio",
     Kind.GAUGE,
-    f"Fraction of slots in use in each of {OCCUPANCY_SEGMENTS} equal segments of the KV cache "
-    f"(a downsampled occupancy map). {_EXACT_ONLY}",
+    f"Fraction of slots used by requests in each of {OCCUPANCY_SEGMENTS} equal segments of the KV "
+    f"cache (a downsampled occupancy map; cached slots are not counted). {_EXACT_ONLY}",
     labels=("engine", "segment"),
     figure="occupancy", stat="occupancy", read=Read.SEGMENTS, combine=Combine.WEIGHTED,
+    of=("slots_total",),
+)
+OCCUPANCY_CACHED_MAP = MetricSpec(
+    "proxima_kv_occupancy_cached_ratio",
+    Kind.GAUGE,
+    f"Fraction of slots cached (prefix entries no request references) in each of the "
+    f"{OCCUPANCY_SEGMENTS} segments of proxima_kv_occupancy_ratio. {_EXACT_ONLY}",
+    labels=("engine", "segment"),
+    figure="occupancy_cached", stat="occupancy_cached", read=Read.SEGMENTS, combine=Combine.WEIGHTED,
     of=("slots_total",),
 )
 LARGEST_FREE_RUN = MetricSpec(
     "proxima_kv_largest_free_run_slots",
     Kind.GAUGE,
-    f"Longest run of contiguous free slots. {_EXACT_ONLY}",
+    f"Longest run of contiguous empty slots: neither used by requests nor cached. {_EXACT_ONLY}",
     unit="slots",
     multiprocess_mode="max",
     figure="largest_free_run", stat="largest_free_run", combine=Combine.MAX,
@@ -230,6 +240,13 @@ ALLOCATOR_LATENCY = MetricSpec(
     figure="allocator_latency", read=Read.HISTOGRAMS, combine=Combine.HISTOGRAMS,
 )
 ALLOCATOR_OPS = ("allocate", "free", "step")
+# Scheduler-step p99 (ALLOCATOR_LATENCY, op="step") above which the step is a stall users feel:
+# the alert fires on it and `proxima doctor`'s allocator check warns on it, one value so that
+# both tell the same story. On the H200 the step (vLLM's scheduling, the allocator inside) takes
+# 0.45-0.61 ms, at parity with stock vLLM (docs/benchmarks.md), so this is four times that at
+# the tail. It is a bucket bound, so a p99 read from the buckets crosses it exactly rather than
+# by interpolating inside a bucket.
+ALLOCATOR_STEP_P99_LIMIT_S = 0.0025
 PREFIX_HIT_TOKENS = MetricSpec(
     "proxima_prefix_cache_hit_tokens",
     Kind.COUNTER,
@@ -278,6 +295,7 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
     FRAGMENTATION,
     BLOCK_FRAGMENTATION,
     OCCUPANCY_MAP,
+    OCCUPANCY_CACHED_MAP,
     LARGEST_FREE_RUN,
     BYTES_PER_TOKEN,
     CACHE_BYTES,

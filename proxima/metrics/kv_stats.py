@@ -51,6 +51,8 @@ class KVStats:
     largest_free_run: int | None
     prefix: PrefixCacheTotals = PrefixCacheTotals()
     exact: bool = True  # False: block-granular disclosure (module docstring)
+    # Cached slots per segment of `occupancy` (None where not disclosed, or not computed).
+    occupancy_cached: tuple[float, ...] | None = None
 
     @property
     def slots_free(self) -> int:
