@@ -33,7 +33,8 @@ def model_problem(model: str) -> str | None:
     return None
 
 
-def _flag(args: list[str], flag: str) -> str | None:
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in vLLM's argument list (`--flag V` or `--flag=V`), or None."""
     for k, a in enumerate(args):
         if a == flag and k + 1 < len(args):
             return args[k + 1]
@@ -45,10 +46,10 @@ def _flag(args: list[str], flag: str) -> str | None:
 def port_problem(args: list[str]) -> str | None:
     """None when the address vLLM will listen on (its --host and --port) can be bound now; else
     one line. Bound the way vLLM binds it (SO_REUSEADDR, the host's address family), then closed."""
-    if _flag(args, "--uds") is not None:
+    if flag_value(args, "--uds") is not None:
         return None  # a Unix socket: no port
-    host = _flag(args, "--host") or ""
-    text = _flag(args, "--port")
+    host = flag_value(args, "--host") or ""
+    text = flag_value(args, "--port")
     try:
         port = int(text) if text is not None else DEFAULT_PORT
     except ValueError:

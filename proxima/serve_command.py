@@ -41,6 +41,7 @@ from proxima.engine.settings import (
 from proxima.hosts import is_loopback
 from proxima.metrics.catalog import REFERENCE_BLOCK_SIZE
 from proxima.metrics.otel_env import ENDPOINT_ENV as OTLP_ENDPOINT_ENV
+from proxima.serve_checks import flag_value
 
 logger = logging.getLogger(__name__)
 
@@ -83,21 +84,12 @@ def _sets_graph_mode(args: list[str]) -> bool:
     return any(a.startswith(_GRAPH_FLAGS) for a in args)
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for k, a in enumerate(args):
-        if a == flag and k + 1 < len(args):
-            return args[k + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def exposure_note(args: list[str]) -> str | None:
     """One line when the server will answer beyond loopback with no API key; None otherwise.
 
     vLLM (and so `proxima serve`, a drop-in) binds every interface unless --host is given; that
     stays, but nobody should find out from a stranger's requests."""
-    host = _flag_value(args, "--host")
+    host = flag_value(args, "--host")
     if host is not None and is_loopback(host):
         return None
     where = f"--host {host}" if host else "every interface (no --host)"
