@@ -39,7 +39,9 @@ def test_quick_int4_against_bf16_kv(record):
     assert auto["perplexity"] <= int4["perplexity"] < 1.5 * auto["perplexity"]
     kl = comparison["kl"]
     assert kl["num_positions"] == auto["num_positions"] > 1000
-    assert 1e-3 < kl["mean"] < 0.5 and kl["mean_rest_mass"] < 0.05
+    # Outside the top 200 this model leaves ~9% of a position's mass (measured 9.1-9.3%): the KL
+    # is a lower bound, and a rest far above that would mean the logprobs were cut short.
+    assert 1e-3 < kl["mean"] < 0.5 and kl["mean_rest_mass"] < 0.15
     assert comparison["top1_share"] > 0.75
     greedy = comparison["greedy"]
     assert greedy["num_prompts"] == 16 and greedy["mean_common_prefix"] > 0.2
