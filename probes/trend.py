@@ -26,15 +26,12 @@ class Trend:
         return self.ci95_low > 0
 
 
-# Two-sided 95% Student t quantiles for small samples (df = n - 2); 1.96 beyond.
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
-        12: 2.18, 15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04}
+def t_quantile(confidence: float, df: int) -> float:
+    """Two-sided Student t quantile (the half-width of a `confidence` interval, in standard
+    errors) with `df` degrees of freedom: the one place the project takes them from (scipy)."""
+    from scipy import stats  # imported when a trend or a repeated bench needs it
 
-
-def _t95(df: int) -> float:
-    if df > 30:
-        return 1.96
-    return _T95[max(k for k in _T95 if k <= df)]
+    return float(stats.t.ppf((1 + confidence) / 2, df))
 
 
 def linear_trend(ts: Sequence[float], ys: Sequence[float]) -> Trend | None:
@@ -50,5 +47,5 @@ def linear_trend(ts: Sequence[float], ys: Sequence[float]) -> Trend | None:
     intercept = my - slope * mt
     residual = sum((y - intercept - slope * t) ** 2 for t, y in zip(ts, ys))
     stderr = math.sqrt(residual / (n - 2) / sxx)
-    half = _t95(n - 2) * stderr
+    half = t_quantile(0.95, n - 2) * stderr
     return Trend(slope, stderr, n, slope - half, slope + half)

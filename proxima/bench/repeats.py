@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from proxima.bench.results import LevelResult, Stats
+from proxima.probes.trend import t_quantile
 
 CONFIDENCE = 0.95
 
@@ -39,11 +40,9 @@ def interval(values: list[float], confidence: float = CONFIDENCE) -> Interval | 
     """Mean and Student's t interval of `values` (None for fewer than two)."""
     if len(values) < 2:
         return None
-    from scipy import stats  # heavy: only a repeated bench needs it
-
     mean = statistics.fmean(values)
     n = len(values)
-    half = float(stats.t.ppf((1 + confidence) / 2, n - 1) * statistics.stdev(values) / math.sqrt(n))
+    half = t_quantile(confidence, n - 1) * statistics.stdev(values) / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
 
 
