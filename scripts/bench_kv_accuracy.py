@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens a greedy answer")
     p.add_argument("--top-logprobs", type=int, default=DEFAULTS['top_logprobs'],
                    help="prompt logprobs a position (vLLM's --max-logprobs is set to it)")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=DEFAULTS['kv_cache_memory_bytes'],
+                   help="every engine's KV budget (large enough that no dtype changes the schedule)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA when torch sees a GPU (vLLM picks it either way; this chooses "
                         "the configurations and flags)")
@@ -75,6 +77,7 @@ def run_params(args: argparse.Namespace, cuda: bool) -> RunParams:
         if value is not None:
             sizes[field] = value
     return RunParams(model=str(args.model), model_dtype=args.dtype, top_logprobs=args.top_logprobs,
+                     kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                      cuda=cuda, **sizes)
 
 
