@@ -38,21 +38,29 @@ PREFILLS = [(16, 16), (9, 25), (1, 2), (20, 41)]
 KV_LAYOUTS = ["split", "slot-interleaved", "head-interleaved"]
 
 
-def naive_attention(b: Batch) -> torch.Tensor:
-    """Float64, one request at a time, dense causal attention over the gathered slots."""
-    num_tokens, num_query_heads, _ = b.query.shape
-    group = num_query_heads // b.k_cache.shape[1]
-    out = torch.full(b.query.shape, float("nan"), dtype=torch.float64)
+def naive_attention(b: Batch, gather=None, query: torch.Tensor | None = None,
+                    scale: float | None = None) -> torch.Tensor:
+    """Float64, one request at a time, dense causal attention over the gathered slots.
+
+    `gather(slots) -> (k, v)` reads a request's K/V (default: the batch's caches); `query` and
+    `scale` replace the batch's (the per-token-head oracle attends in int4's rotated space)."""
+    if gather is None:
+        def gather(slots):
+            return b.k_cache[slots], b.v_cache[slots]
+    query = b.query if query is None else query
+    scale = b.scale if scale is None else scale
+    group = query.shape[1] // b.k_cache.shape[1]
+    out = torch.full(query.shape, float("nan"), dtype=torch.float64)
     starts, seq_lens = b.query_start_loc.cpu().tolist(), b.seq_lens.cpu().tolist()
     for r, seq_len in enumerate(seq_lens):
         start, end = starts[r], starts[r + 1]
         if end == start:
             continue
-        slots = b.slot_table[r, :seq_len].long()
-        keys = b.k_cache[slots].cpu().double().repeat_interleave(group, dim=1)  # [L, Hq, D]
-        values = b.v_cache[slots].cpu().double().repeat_interleave(group, dim=1)
-        q = b.query[start:end].cpu().double()
-        scores = torch.einsum("qhd,lhd->hql", q, keys) * b.scale
+        k, v = gather(b.slot_table[r, :seq_len].long())
+        keys = k.cpu().double().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        values = v.cpu().double().repeat_interleave(group, dim=1)
+        q = query[start:end].cpu().double()
+        scores = torch.einsum("qhd,lhd->hql", q, keys) * scale
         positions = seq_len - (end - start) + torch.arange(end - start)
         hidden = torch.arange(seq_len)[None, :] > positions[:, None]
         scores = scores.masked_fill(hidden, float("-inf"))

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from proxima.engine.attention import per_token_head as pth  # noqa: E402
 from proxima.engine.attention.reference import slot_attention_torch  # noqa: E402
-from tests.test_attention_kernels import assert_rows  # noqa: E402
+from tests.test_attention_kernels import assert_rows, naive_attention  # noqa: E402
 
 pytestmark = INTERPRETER_WARNINGS
 FORMATS = tuple(pth.PTH_FORMATS)
@@ -161,28 +161,15 @@ def pth_batch(requests, heads, head_size, name, *, seed, dtype=torch.float32, fr
 def oracle(pb: PTHBatch) -> torch.Tensor:
     """Float64 attention over the dequantised cache, vLLM's int4 recipe included."""
     b, cache = pb.batch, pb.cache
-    num_query_heads, head_size = b.query.shape[1:]
-    group = num_query_heads // cache.num_kv_heads
-    query, scale = b.query.cpu(), b.scale
-    if cache.fmt.packed:
-        query, scale = pth.rotate(query), scale / head_size
-    out = torch.full(b.query.shape, float("nan"), dtype=torch.float64)
-    starts, seq_lens = b.query_start_loc.cpu().tolist(), b.seq_lens.cpu().tolist()
-    for r, seq_len in enumerate(seq_lens):
-        start, end = starts[r], starts[r + 1]
-        if end == start:
-            continue
-        k, v = pth.gather(cache, b.slot_table[r, :seq_len].long())
-        keys = k.cpu().double().repeat_interleave(group, dim=1)
-        values = v.cpu().double().repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,lhd->hql", query[start:end].double(), keys) * scale
-        positions = seq_len - (end - start) + torch.arange(end - start)
-        scores = scores.masked_fill(torch.arange(seq_len)[None, :] > positions[:, None], float("-inf"))
-        attended = torch.einsum("hql,lhd->qhd", torch.softmax(scores, dim=-1), values)
-        if cache.fmt.packed:
-            attended = pth._single_rht(attended, inverse=True) / head_size  # float64, on the CPU
-        out[start:end] = attended
-    return out
+    head_size = b.query.shape[2]
+
+    def gather(slots):
+        return pth.gather(cache, slots)
+
+    if not cache.fmt.packed:
+        return naive_attention(b, gather)
+    rotated = naive_attention(b, gather, pth.rotate(b.query.cpu()), b.scale / head_size)
+    return pth._single_rht(rotated, inverse=True) / head_size  # float64, on the CPU
 
 
 HEADS = {"gqa4:2": (4, 2), "mha": (2, 2)}
