@@ -50,46 +50,46 @@ def install() -> None:
 # ---------------------------------------------------------------- 1. token ids in the vocabulary
 
 def guard_token_ids(module: ModuleType) -> None:
-    processor = module.InputProcessor
-    original = processor._validate_model_input
-    if getattr(original, "__proxima_guard__", False):
-        return
+    def wrap(original):
+        def _validate_model_input(self, prompt_input, prompt_type, *args, **kwargs):
+            original(self, prompt_input, prompt_type, *args, **kwargs)
+            ids = prompt_input.get("prompt_token_ids") if prompt_input.get("type") != "embeds" else None
+            if ids and not self.model_config.is_multimodal_model:
+                vocab_size = self.model_config.get_vocab_size()
+                largest = max(ids)
+                if largest >= vocab_size:
+                    raise ValueError(f"Token id {largest} is out of vocabulary (the model has {vocab_size} "
+                                     f"tokens, ids 0 to {vocab_size - 1})")
+        return _validate_model_input
 
-    @functools.wraps(original)
-    def _validate_model_input(self, prompt_input, prompt_type, *args, **kwargs):
-        original(self, prompt_input, prompt_type, *args, **kwargs)
-        ids = prompt_input.get("prompt_token_ids") if prompt_input.get("type") != "embeds" else None
-        if ids and not self.model_config.is_multimodal_model:
-            vocab_size = self.model_config.get_vocab_size()
-            largest = max(ids)
-            if largest >= vocab_size:
-                raise ValueError(f"Token id {largest} is out of vocabulary (the model has {vocab_size} "
-                                 f"tokens, ids 0 to {vocab_size - 1})")
-
-    _validate_model_input.__proxima_guard__ = True
-    processor._validate_model_input = _validate_model_input
+    _wrap_once(module.InputProcessor, "_validate_model_input", wrap)
 
 
 # ---------------------------------------------------------------- 2. seeded sampling on CPU
 
 def guard_cpu_generators(module: ModuleType) -> None:
-    runner = module.CPUModelRunner
-    original = runner.sample_tokens
+    def wrap(original):
+        def sample_tokens(self, *args, **kwargs):
+            generators = self.input_batch.generators
+            discarded = self.discard_request_mask.np[:self.input_batch.num_reqs].nonzero()[0]
+            held = {i: generators.pop(i) for i in map(int, discarded) if i in generators}
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                generators.update(held)
+        return sample_tokens
+
+    _wrap_once(module.CPUModelRunner, "sample_tokens", wrap)
+
+
+def _wrap_once(owner: type, name: str, wrap: Callable[[Callable], Callable]) -> None:
+    """Replace `owner.name` with `wrap(original)`, once: a second install finds the mark."""
+    original = getattr(owner, name)
     if getattr(original, "__proxima_guard__", False):
         return
-
-    @functools.wraps(original)
-    def sample_tokens(self, *args, **kwargs):
-        generators = self.input_batch.generators
-        discarded = self.discard_request_mask.np[:self.input_batch.num_reqs].nonzero()[0]
-        held = {i: generators.pop(i) for i in map(int, discarded) if i in generators}
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            generators.update(held)
-
-    sample_tokens.__proxima_guard__ = True
-    runner.sample_tokens = sample_tokens
+    wrapped = functools.wraps(original)(wrap(original))
+    wrapped.__proxima_guard__ = True
+    setattr(owner, name, wrapped)
 
 
 # ---------------------------------------------------------------- installing
