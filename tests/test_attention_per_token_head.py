@@ -215,12 +215,51 @@ def test_triton_split_kv_matches_float64(name, num_splits, monkeypatch):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-def test_bf16_queries_follow_vllms_rounding(name):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_model_dtype_queries_follow_vllms_rounding(name, dtype):
     """Model-dtype queries: both paths within bf16's precision of the oracle, which rounds the
-    rotated queries to bf16 as vLLM does."""
+    rotated queries to the model dtype as vLLM does. fp16 dots take int4 codes as 1024 + code
+    (bf16 ones, 128 + code: the GPU's dtype; the interpreter widens bf16 to float32)."""
     ta = triton_attention_or_skip()
-    pb = pth_batch(MIXED, (4, 2), 64, name, seed=11, dtype=torch.bfloat16)
+    pb = pth_batch(MIXED, (4, 2), 64, name, seed=11, dtype=dtype)
     expected = oracle(pb)
     for run in (slot_attention_torch, ta.slot_attention_triton):
         out = run(*pb.args(torch.full_like(pb.batch.output, float("nan"))), kv_scales=pb.cache)
         assert_rows(out, expected, pb.batch.num_queries, atol=2e-2, rtol=2e-2)
+
+
+
+def _unpack_kernel():
+    """A kernel storing ``_nibbles`` of a [16, 8] word tile (built on first use: Triton may be
+    absent, and must be imported after TRITON_INTERPRET is set)."""
+    import triton
+    import triton.language as tl
+
+    from proxima.engine.attention.triton_int4 import _nibbles
+
+    @triton.jit
+    def unpack(words_ptr, out_ptr, N: tl.constexpr, W: tl.constexpr, DTYPE: tl.constexpr):
+        rows, cols = tl.arange(0, N), tl.arange(0, W * 8)
+        words = tl.load(words_ptr + rows[:, None] * W + tl.arange(0, W)[None, :])
+        codes = nibbles(words, (cols % 8) * 4, DTYPE)  # noqa: F821 (a global of the kernel, below)
+        tl.store(out_ptr + rows[:, None] * W * 8 + cols[None, :], codes)
+
+    unpack.fn.__globals__["nibbles"] = _nibbles  # Triton resolves a kernel's callees among its globals
+    return unpack, tl
+
+
+@pytest.mark.parametrize("dtype, bias", [(torch.bfloat16, 128), (torch.float16, 1024), (torch.float32, 0)])
+def test_nibbles_become_bias_plus_code_exactly(dtype, bias):
+    """Every word's 8 nibbles, in order, as the dot dtype's bias + code (the GPU's bf16 path
+    included, which the attention tests above cannot reach under the interpreter)."""
+    triton_attention_or_skip()
+    unpack, tl = _unpack_kernel()
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 16, (16, 64), generator=gen, dtype=torch.int64)
+    codes[0] = 15  # all-ones words: the sign bit set
+    words = (codes << (torch.arange(8).repeat(8) * 4)).view(16, 8, 8).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).to(DEVICE)
+    out = torch.empty(16, 64, dtype=dtype, device=DEVICE)
+    tl_dtype = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+    unpack[(1,)](words, out, 16, 8, tl_dtype)
+    assert torch.equal(out.cpu().float(), (codes + bias).float())

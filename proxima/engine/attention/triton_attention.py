@@ -81,6 +81,7 @@ from proxima.engine.attention.triton_dense_kv import (
     dense_kv_ok,
     kv_descriptors,
 )
+from proxima.engine.attention.triton_int4 import _attend_int4_tiles, _rotate_queries, _unrotate
 from proxima.engine.attention.triton_merge_splits import UNSPECIALIZED, merge_launch
 
 _LOG2_E = 1.4426950408889634
@@ -108,44 +109,27 @@ def _attend_kv_tiles(
     stride_k_s, stride_v_s, tile_start, tile_end,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ks_head_ptr=None, vs_head_ptr=None, stride_ks_s=0, q_sum=None, KV_CODES: tl.constexpr = 0,
+    ks_head_ptr=None, vs_head_ptr=None, stride_ks_s=0, KV_CODES: tl.constexpr = 0,
 ):
     """Online softmax of q ([BLOCK_M, D]) over KV tiles [tile_start, tile_end); base-2 logits.
 
-    ``KV_CODES`` 1 or 2 (per-token-head caches, ``per_token_head.py``): K/V are codes with a
-    float32 scale per (slot, head) at ``ks_head_ptr`` / ``vs_head_ptr``. The scales are applied
-    to the scores' columns and to P's columns, never to a tile. int4 (2) reads its codes as 32-bit
-    words (``k_head_ptr`` / ``v_head_ptr`` int32; word w holds positions 8w..8w+7, low nibble
-    first: 4-byte loads, since a record's bytes are only 8-byte aligned) and unpacks them in
-    registers; its zero points are subtracted the same way: q . (k - zk) = q . k - zk * sum(q),
-    P (v - zv) = P v - (P zv). Measured against reading each byte twice on the H200
-    (docs/results/h200-2026-12-03/decode): the same time or up to 5% less."""
+    ``KV_CODES`` 1 (int8 and fp8 per-token-head caches, ``per_token_head.py``): K/V are codes with
+    a float32 scale per (slot, head) at ``ks_head_ptr`` / ``vs_head_ptr``, applied to the scores'
+    columns and to P's columns, never to a tile. (int4 has a loop of its own: ``triton_int4``.)"""
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     d_ok = offs_d < HEAD_SIZE
-    if KV_CODES == 2:
-        offs_w = tl.arange(0, HEAD_SIZE // 8)
-        shift = (offs_d % 8) * 4
     for tile in range(tile_start, tile_end):
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < seq_len
         # Table entries at or past seq_len are garbage: masked, never dereferenced.
         slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
-        if KV_CODES == 2:
-            words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None],
-                            other=0)
-            k = tl.trans(_nibbles(words, shift))  # [D, BLOCK_N]
-        else:
-            k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + offs_d[:, None],
-                        mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, BLOCK_N]
+        k = tl.load(k_head_ptr + slots[None, :] * stride_k_s + offs_d[:, None],
+                    mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, BLOCK_N]
         s = tl.dot(q, k.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         if KV_CODES == 0:
             s = s * qk_scale
         else:
             k_scale = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0)
-            if KV_CODES == 2:  # the zero point rides in the scale's 4 low mantissa bits
-                bits = k_scale.to(tl.int32, bitcast=True)
-                s = s - q_sum[:, None] * (bits & 0xF).to(tl.float32)[None, :]
-                k_scale = (bits & -16).to(tl.float32, bitcast=True)
             s = s * (k_scale * qk_scale)[None, :]
         visible = n_ok[None, :] & (offs_n[None, :] <= q_abs_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
@@ -155,85 +139,13 @@ def _attend_kv_tiles(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if KV_CODES == 2:
-            words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None],
-                            other=0)
-            v = _nibbles(words, shift)  # [BLOCK_N, D]
-        else:
-            v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_d[None, :],
-                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
+        v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
         if KV_CODES != 0:  # l_i took P unscaled above: P's columns carry V's scales from here on
-            v_scale = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0)
-            if KV_CODES == 2:
-                bits = v_scale.to(tl.int32, bitcast=True)
-                v_scale = (bits & -16).to(tl.float32, bitcast=True)
-            p = p * v_scale[None, :]
+            p = p * tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        if KV_CODES == 2:
-            acc -= tl.sum(p * (bits & 0xF).to(tl.float32)[None, :], 1)[:, None]
         m_i = m_new
     return acc, l_i, m_i
-
-
-@triton.jit
-def _nibbles(words, shift):
-    """[N, W] int32 words -> [N, 8 W] their nibbles in order (word w's low nibble first)."""
-    x = tl.interleave(words, words)
-    x = tl.interleave(x, x)
-    x = tl.interleave(x, x)
-    return (x >> shift[None, :]) & 0xF
-
-
-@triton.jit
-def _hadamard_block(x, rht_ptr, N: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr, SPLIT_HI: tl.constexpr):
-    """``x @ H_N`` (float32 out) for ``x`` [M, N] float32; H_N is the top-left block of the head's
-    Walsh-Hadamard matrix at ``rht_ptr``. ``SPLIT_HI``: x enters as hi + lo halves of DOT_DTYPE
-    (~16 mantissa bits from bf16), for an accumulator that bf16 alone would round."""
-    offs = tl.arange(0, N)
-    h = tl.load(rht_ptr + offs[:, None] * HEAD_SIZE_PAD + offs[None, :]).to(DOT_DTYPE)
-    hi = x.to(DOT_DTYPE)
-    out = tl.dot(hi, h, input_precision=DOT_PRECISION)
-    if SPLIT_HI:
-        out += tl.dot((x - hi.to(tl.float32)).to(DOT_DTYPE), h, input_precision=DOT_PRECISION)
-    return out
-
-
-@triton.jit
-def _hadamard(x, rht_ptr, HEAD_SIZE_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              SPLIT_HI: tl.constexpr):
-    """``x @ H`` for ``x`` [M, D] float32. Past 128 columns, one split (H_2n = [[H_n, H_n], [H_n,
-    -H_n]]: [a | b] H_2n = [(a + b) H_n | (a - b) H_n]) keeps the matrix tile at 128 x 128."""
-    if HEAD_SIZE_PAD > 128:
-        rows: tl.constexpr = x.shape[0]
-        half: tl.constexpr = HEAD_SIZE_PAD // 2
-        a, b = tl.split(tl.permute(tl.reshape(x, [rows, 2, half]), [0, 2, 1]))
-        left = _hadamard_block(a + b, rht_ptr, half, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
-        right = _hadamard_block(a - b, rht_ptr, half, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
-        return tl.reshape(tl.permute(tl.join(left, right), [0, 2, 1]), [rows, HEAD_SIZE_PAD])
-    return _hadamard_block(x, rht_ptr, HEAD_SIZE_PAD, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
-
-
-@triton.jit
-def _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, Q_DTYPE: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """vLLM's int4 query rotation (signs, then the Walsh-Hadamard transform), rounded to the
-    model dtype as vLLM rounds it; and the rows' sums (for the zero points)."""
-    signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
-    rotated = _hadamard(q.to(tl.float32) * signs[None, :], rht_ptr, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION,
-                        False)
-    rotated = rotated.to(Q_DTYPE).to(DOT_DTYPE)
-    return rotated, tl.sum(rotated.to(tl.float32), 1)
-
-
-@triton.jit
-def _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, ROT_DTYPE: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
-    """The inverse of ``_rotate_queries`` on an accumulator (linear: partials and unnormalised
-    sums alike): vLLM's ``single_rht(x, inverse=True) / D``."""
-    out = _hadamard(acc, rht_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION, ROT_DTYPE != tl.float32)
-    signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
-    return out * (signs / HEAD_SIZE_PAD)[None, :]
 
 
 @triton.jit
@@ -316,14 +228,20 @@ def _attend_query_tile(
                 HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
             )
         gather = False
-    if gather:
+    if KV_CODES == 2:
+        acc, l_i, m_i = _attend_int4_tiles(
+            q, q_sum, acc, l_i, m_i,
+            k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, k_scale_ptr + kv_head * stride_ks_h,
+            v_scale_ptr + kv_head * stride_ks_h, slot_row_ptr, seq_len, q_abs_pos, qk_scale, stride_k_s,
+            stride_v_s, stride_ks_s, tile_start, tile_end, HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+        )
+    elif gather:
         acc, l_i, m_i = _attend_kv_tiles(
             q, acc, l_i, m_i,
             k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, slot_row_ptr, seq_len, q_abs_pos,
             qk_scale, stride_k_s, stride_v_s, tile_start, tile_end,
             HEAD_SIZE, HEAD_SIZE_PAD, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
-            k_scale_ptr + kv_head * stride_ks_h, v_scale_ptr + kv_head * stride_ks_h, stride_ks_s, q_sum,
-            KV_CODES,
+            k_scale_ptr + kv_head * stride_ks_h, v_scale_ptr + kv_head * stride_ks_h, stride_ks_s, KV_CODES,
         )
     if KV_CODES == 2:
         acc = _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION)

@@ -1,0 +1,138 @@
+"""int4 per-token-head KV (vLLM 0.26's ``int4_per_token_head``) inside the slot-attention kernel.
+
+The format (``per_token_head.py`` writes it): each (slot, head) record is D/2 bytes of nibble
+pairs, low nibble first, of the keys and values rotated by vLLM's randomized Hadamard transform,
+and a float32 scale whose 4 low mantissa bits hold the zero point. The kernel attends in that
+rotated space: queries are rotated on load (``_rotate_queries``), the accumulator rotated back
+before it is stored (``_unrotate``; linear, so split partials and the merge need nothing new).
+
+Dequantisation never touches a tile: q . (s (k - z)) = s (q . k - z sum(q)) and
+P (s (v - z)) = (P s) v - (P s) z, so scales and zero points act on the scores' and P's columns.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attend_int4_tiles(
+    q, q_sum, acc, l_i, m_i,
+    k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
+    stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
+    HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """``triton_attention._attend_kv_tiles`` over int4 codes: q rotated, ``q_sum`` its rows' sums.
+
+    Codes are read as 32-bit words (``k_head_ptr`` / ``v_head_ptr`` int32; word w holds positions
+    8w..8w+7, low nibble first: 4-byte loads, since a record's bytes are only 8-byte aligned) and
+    unpacked in registers by ``_nibbles``; with 16-bit dots a code c enters its dot as bias + c
+    (128 in bf16, 1024 in fp16) and the bias joins the zero point. V's correction uses P as
+    rounded for its dot, so the bias cancels exactly (up to float32 accumulation). All of a tile's
+    loads are issued before its first dot, so V's latency hides behind the scores."""
+    offs_w = tl.arange(0, HEAD_SIZE // 8)
+    shift = (tl.arange(0, HEAD_SIZE) % 8) * 4
+    if DOT_DTYPE == tl.bfloat16:  # what _nibbles adds to every code (0: converted, not biased)
+        code_bias = 128
+    elif DOT_DTYPE == tl.float16:
+        code_bias = 1024
+    else:
+        code_bias = 0
+    for tile in range(tile_start, tile_end):
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < seq_len
+        # Table entries at or past seq_len are garbage: masked, never dereferenced.
+        slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
+        k_words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None],
+                          other=0)
+        v_words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None],
+                          other=0)
+        k_bits = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+        v_bits = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+        s = tl.dot(q, tl.trans(_nibbles(k_words, shift, DOT_DTYPE)), input_precision=DOT_PRECISION)
+        s = s - q_sum[:, None] * ((k_bits & 0xF) + code_bias).to(tl.float32)[None, :]
+        s = s * ((k_bits & -16).to(tl.float32, bitcast=True) * qk_scale)[None, :]
+        visible = n_ok[None, :] & (offs_n[None, :] <= q_abs_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # Rows that have seen nothing yet (padding rows) keep m = -inf; subtract 0 there, not -inf.
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)  # before V's scales join P's columns
+        p = (p * (v_bits & -16).to(tl.float32, bitcast=True)[None, :]).to(DOT_DTYPE)
+        v = _nibbles(v_words, shift, DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+        acc -= tl.sum(p.to(tl.float32) * ((v_bits & 0xF) + code_bias).to(tl.float32)[None, :], 1)[:, None]
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _nibbles(words, shift, DOT_DTYPE: tl.constexpr):
+    """[N, W] int32 words -> [N, 8 W] their nibbles in order (word w's low nibble first), as
+    ``DOT_DTYPE`` values ``bias + code``: on 16-bit dtypes the code is OR-ed into
+    the bias's mantissa (0x4300 is bf16 128.0, 0x6400 fp16 1024.0), so no conversion instruction
+    runs, the costliest step of widening codes on the GPU."""
+    x = tl.interleave(words, words)
+    x = tl.interleave(x, x)
+    x = tl.interleave(x, x)
+    codes = (x >> shift[None, :]) & 0xF
+    if DOT_DTYPE == tl.bfloat16:
+        return (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    if DOT_DTYPE == tl.float16:
+        return (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    return codes.to(DOT_DTYPE)
+
+
+@triton.jit
+def _hadamard_block(x, rht_ptr, N: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, SPLIT_HI: tl.constexpr):
+    """``x @ H_N`` (float32 out) for ``x`` [M, N] float32; H_N is the top-left block of the head's
+    Walsh-Hadamard matrix at ``rht_ptr``. ``SPLIT_HI``: x enters as hi + lo halves of DOT_DTYPE
+    (~16 mantissa bits from bf16), for an accumulator that bf16 alone would round."""
+    offs = tl.arange(0, N)
+    h = tl.load(rht_ptr + offs[:, None] * HEAD_SIZE_PAD + offs[None, :]).to(DOT_DTYPE)
+    hi = x.to(DOT_DTYPE)
+    out = tl.dot(hi, h, input_precision=DOT_PRECISION)
+    if SPLIT_HI:
+        out += tl.dot((x - hi.to(tl.float32)).to(DOT_DTYPE), h, input_precision=DOT_PRECISION)
+    return out
+
+
+@triton.jit
+def _hadamard(x, rht_ptr, HEAD_SIZE_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              SPLIT_HI: tl.constexpr):
+    """``x @ H`` for ``x`` [M, D] float32. Past 128 columns, one split (H_2n = [[H_n, H_n], [H_n,
+    -H_n]]: [a | b] H_2n = [(a + b) H_n | (a - b) H_n]) keeps the matrix tile at 128 x 128."""
+    if HEAD_SIZE_PAD > 128:
+        rows: tl.constexpr = x.shape[0]
+        half: tl.constexpr = HEAD_SIZE_PAD // 2
+        a, b = tl.split(tl.permute(tl.reshape(x, [rows, 2, half]), [0, 2, 1]))
+        left = _hadamard_block(a + b, rht_ptr, half, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
+        right = _hadamard_block(a - b, rht_ptr, half, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
+        return tl.reshape(tl.permute(tl.join(left, right), [0, 2, 1]), [rows, HEAD_SIZE_PAD])
+    return _hadamard_block(x, rht_ptr, HEAD_SIZE_PAD, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
+
+
+@triton.jit
+def _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, Q_DTYPE: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """vLLM's int4 query rotation (signs, then the Walsh-Hadamard transform), rounded to the
+    model dtype as vLLM rounds it; and the rows' sums (for the zero points)."""
+    signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
+    rotated = _hadamard(q.to(tl.float32) * signs[None, :], rht_ptr, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION,
+                        False)
+    rotated = rotated.to(Q_DTYPE).to(DOT_DTYPE)
+    return rotated, tl.sum(rotated.to(tl.float32), 1)
+
+
+@triton.jit
+def _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, ROT_DTYPE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """The inverse of ``_rotate_queries`` on an accumulator (linear: partials and unnormalised
+    sums alike): vLLM's ``single_rht(x, inverse=True) / D``."""
+    out = _hadamard(acc, rht_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION, ROT_DTYPE != tl.float32)
+    signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
+    return out * (signs / HEAD_SIZE_PAD)[None, :]
