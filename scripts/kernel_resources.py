@@ -1,11 +1,14 @@
-"""Registers and stack of the attention kernel variants `proxima serve` runs, built for sm_90 here.
+"""Registers, stack and shared memory of the attention kernel variants `proxima serve` runs, built
+for sm_90 here.
 
 Why: a kernel variant that spills or passes 255 registers runs slower on the H200 without any test
-failing on CPU. Triton and its bundled ptxas compile for a GPU target without a GPU, so this builds
-the served variants (decode-only and mixed plans, unsplit and split, bf16 and fp8 caches; Llama-3-8B
-attention shapes) the way a launch specialises them, and reads each cubin's resource usage with the
-bundled cuobjdump. Measured on the H200, 168 registers are where a decode program fits three to an
-SM (docs/benchmarks.md); fp16 dots in the mixed plan's long tiles took it to 255 and spilled.
+failing on CPU, and one that needs more than the GPU's 227 KiB of shared memory fails to launch.
+Triton and its bundled ptxas compile for a GPU target without a GPU, so this builds the served
+variants (decode-only and mixed plans, unsplit and split, bf16, fp8, int8 and int4 caches; Llama-3-8B
+attention shapes) the way a launch specialises them, reads each cubin's resource usage with the
+bundled cuobjdump and each build's shared memory from Triton. Measured on the H200, 168 registers are
+where a decode program fits three to an SM (docs/benchmarks.md); fp16 dots in the mixed plan's long
+tiles took it to 255 and spilled.
 
 usage: python scripts/kernel_resources.py [--json] [--fp8-decode-tiles]   (TRITON_INTERPRET must be unset)
 Run by tests/test_kernel_resources.py, in a subprocess of its own.
@@ -36,26 +39,31 @@ TARGET = GPUTarget("cuda", 90, 32)
 _UNSPLIT_WS = ("stride_acc_t", "stride_acc_h", "stride_acc_s", "stride_ml_t", "stride_ml_h")
 
 
-def _variant(cache: str, tiles: TileConfig, split: bool) -> tuple[dict, dict]:
+def _variant(cache: str, tiles: TileConfig, split: bool, head_size: int = D,
+             model: str = "bf16") -> tuple[dict, dict]:
     """Pointer dtypes and constexprs of ``_slot_attention_kernel`` as a launch with these tiles
     specialises it, for a ``bf16``, ``fp8e4nv``, ``int8`` (per-token-head codes) or ``int4`` (its
     codes read as int32 words) cache; dot dtypes as ``launch_args.dot_dtype``."""
     fp8 = cache == "fp8e4nv"
     codes = {"int8": 1, "int4": 2}.get(cache, 0)
     group = HQ // HKV
-    const = dict(HEAD_SIZE=D, HEAD_SIZE_PAD=D, GROUP=group, BLOCK_Q=tiles.block_m // group,
+    const = dict(HEAD_SIZE=head_size, HEAD_SIZE_PAD=head_size, GROUP=group, BLOCK_Q=tiles.block_m // group,
                  BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SHORT_BLOCK_M=tiles.short_block_m,
                  SHORT_BLOCK_N=tiles.short_block_n,
                  DOT_DTYPE=tl.float16 if fp8 and not tiles.short_block_m else tl.bfloat16,
                  SHORT_DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
                  DOT_PRECISION="tf32", SPLIT=split, QUANT=fp8, SCALE_STRIDE=0, FP8_MAX=448.0 if fp8 else 0.0,
                  DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16)
+    if model == "fp32":  # a float32 model: float32 dots in 3xTF32, as launch_args.dot_dtype
+        const |= dict(DOT_DTYPE=tl.float32, SHORT_DOT_DTYPE=tl.float32, DOT_PRECISION="tf32x3",
+                      ROT_DTYPE=tl.float32)
     code = {"int8": "i8", "int4": "i32"}.get(cache, cache)
     ptrs = {"k_ptr": code, "v_ptr": code, "slot_table_ptr": "i32", "query_start_loc_ptr": "i32",
             "seq_lens_ptr": "i32", "acc_ws_ptr": "fp32", "m_ws_ptr": "fp32", "l_ws_ptr": "fp32",
             "k_scale_ptr": "fp32" if fp8 or codes else cache,
             "v_scale_ptr": "fp32" if fp8 or codes else cache,
-            "rht_ptr": "fp32" if codes == 2 else "bf16", "signs_ptr": "fp32" if codes == 2 else "bf16"}
+            "rht_ptr": "fp32" if codes == 2 else "bf16", "signs_ptr": "fp32" if codes == 2 else "bf16",
+            "q_ptr": model, "out_ptr": model}
     return ptrs, const
 
 
@@ -66,8 +74,8 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
     for cache in ("bf16", "fp8e4nv", "int8", "int4"):
         for plan, max_query_len in (("decode", 1), ("mixed", None)):
             tiles = choose_tiles(HQ // HKV, D, 2, max_query_len)
-            if cache in ("int8", "int4"):
-                tiles = _pth_tiles(tiles)
+            if cache == "int4":  # as planning.choose_launch_shape
+                tiles = _pth_tiles(tiles, D, 2)
             for split in (False, True):
                 ptrs, const = _variant(cache, tiles, split)
                 name = f"{plan} {'fp8' if cache == 'fp8e4nv' else cache}{' split' if split else ''}"
@@ -76,6 +84,12 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
                     desc = f"tensordesc<bf16[{tiles.block_n},{D}]>"
                     out.append((name.replace("mixed", "mixed dense"), ptrs | {"k_desc": desc, "v_desc": desc},
                                 const | {"DENSE_KV": True}, tiles))
+    # int4 at head 256 in float32 (not served by the 8B shapes above, but by a float32 model with wide
+    # heads): the variant whose 128-token tiles needed more shared memory than the H200 has.
+    for plan, max_query_len in (("decode", 1), ("mixed", None)):
+        tiles = _pth_tiles(choose_tiles(HQ // HKV, 256, 4, max_query_len), 256, 4)
+        ptrs, const = _variant("int4", tiles, False, head_size=256, model="fp32")
+        out.append((f"{plan} int4 fp32 d256", ptrs, const, tiles))
     return out
 
 
@@ -94,7 +108,7 @@ def fp8_decode_tile_variants() -> list[tuple[str, dict, dict, TileConfig]]:
     return out
 
 
-def build(ptrs: dict, const: dict, tiles) -> bytes:
+def build(ptrs: dict, const: dict, tiles):
     fn = ta._slot_attention_kernel
     signature, aligned = {}, []
     for i, arg in enumerate(fn.arg_names):
@@ -118,11 +132,13 @@ def build(ptrs: dict, const: dict, tiles) -> bytes:
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
-    kernel = triton.compile(src, target=TARGET, options=options)
-    return kernel.asm["cubin"]
+    return triton.compile(src, target=TARGET, options=options)
 
 
-def resources(cubin: bytes) -> dict[str, int]:
+def resources(kernel) -> dict[str, int]:
+    """Registers and stack (from the cubin) and shared memory (Triton's launch needs it, and fails
+    past the GPU's 227 KiB: no CPU test would notice otherwise) of one compiled variant."""
+    cubin = kernel.asm["cubin"]
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
@@ -132,7 +148,7 @@ def resources(cubin: bytes) -> dict[str, int]:
     found = re.search(r"REG:(\d+) STACK:(\d+)", text)
     if found is None:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{text}")
-    return {"registers": int(found[1]), "stack_bytes": int(found[2])}
+    return {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": kernel.metadata.shared}
 
 
 def main() -> int:
@@ -151,7 +167,8 @@ def main() -> int:
     else:
         width = max(map(len, rows))
         for name, r in rows.items():
-            print(f"{name:<{width}} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B")
+            print(f"{name:<{width}} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B"
+                  f"  shared {r['shared_bytes'] >> 10:>3} KiB")
     return 0
 
 
