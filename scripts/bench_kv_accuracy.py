@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         measurements[config.name] = m
         logger.info("%s: start %.0f s, passages %.0f s, chats %.0f s; %s KV bytes a token", config.name,
                     m.start_s, m.score_s, m.chat_s, m.bytes_per_token)
+        if args.json:  # after every engine: a run cut short keeps the figures of those that finished
+            save(args.json, measurements, failures, params, cuda, time.monotonic() - began,
+                 complete=config == configs[-1])
     report = assemble(measurements)
     duration = time.monotonic() - began
     positions = report.configs[0].num_positions if report.configs else 0
@@ -132,13 +135,19 @@ def main(argv: list[str] | None = None) -> int:
     for name, error in failures.items():
         print(f"\n{name} FAILED: {error.splitlines()[-1] if error else ''}")
     if args.json:
-        facts = {"benchmark": "kv-accuracy", "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "device": "cuda" if cuda else "cpu", "params": dataclasses.asdict(params),
-                 "duration_s": duration, "failures": failures}
-        answers = {name: m.answer_texts for name, m in measurements.items()}
-        write_json(args.json, to_json(report, answers=answers, **facts))
+        save(args.json, measurements, failures, params, cuda, duration, complete=True)
     return 1 if failures else 0
+
+
+def save(path: Path, measurements: dict, failures: dict, params: RunParams, cuda: bool, duration: float,
+         complete: bool) -> None:
+    """The run's record so far (``complete`` false while engines remain), written whole."""
+    facts = {"benchmark": "kv-accuracy", "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "device": "cuda" if cuda else "cpu", "params": dataclasses.asdict(params),
+             "duration_s": duration, "failures": failures, "complete": complete}
+    answers = {name: m.answer_texts for name, m in measurements.items()}
+    write_json(path, to_json(assemble(measurements), answers=answers, **facts))
 
 
 if __name__ == "__main__":

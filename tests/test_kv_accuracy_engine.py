@@ -31,6 +31,7 @@ def record(smol_model, tmp_path_factory) -> dict:
 
 def test_quick_int4_against_bf16_kv(record):
     auto, int4 = record["configs"][AUTO], record["configs"][INT4]
+    assert record["complete"] and not record["failures"]  # rewritten after each engine, final last
     (comparison,) = record["comparisons"]
     assert (comparison["test"], comparison["reference"]) == (INT4, AUTO)
     # 30 layers x 3 KV heads x (K, V) x (32 bytes of nibbles + a 4-byte scale) against 64 bf16 values.
