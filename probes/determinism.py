@@ -6,7 +6,10 @@ when one is given. Outputs are compared as token ids (vLLM 0.26 returns them wit
 `"return_token_ids": true`); a server that does not return ids is compared by text and says so.
 Divergence between two alone runs is real non-determinism (fail); divergence only under load is
 batch-composition dependence, which stock vLLM on GPU shows unless VLLM_BATCH_INVARIANT=1 (warn);
-divergence against the compare server means the two engines compute different things (fail).
+divergence against the compare server means the two engines compute different things (fail),
+unless every such divergence is at a near tie: at the first differing token both servers' top
+logprobs list both choices within `TIE_NATS` of each other, which two correct engines that round
+differently produce (bf16: one rounding step of a logit up to 32 is 0.125 nats) (warn).
 """
 
 from __future__ import annotations
@@ -33,6 +36,31 @@ NUM_PROMPTS = 4
 MAX_TOKENS = 24
 SEED = 1234
 BACKGROUND_CONCURRENCY = 8
+TOP_LOGPROBS = 5  # asked with every request: enough to find the other server's choice among them
+TIE_NATS = 0.13
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    where: str  # "token 3 (17 vs 42)", "request failed: ..."
+    tie_gap: float | None = None  # a near tie: the larger of the two runs' logprob gaps there
+
+
+def near_tie_gap(a: Completion, b: Completion, at: int) -> float | None:
+    """At position `at`, where `a` and `b` chose different tokens: the larger of the two runs'
+    logprob gaps between their own choice and the other's, when each run's top logprobs list both
+    choices; None when they cannot tell (no logprobs, or one run's choice outside the other's list)."""
+    if a.top_logprobs is None or b.top_logprobs is None:
+        return None
+    if at >= min(len(a.top_logprobs), len(b.top_logprobs)):
+        return None
+    top_a, top_b = a.top_logprobs[at], b.top_logprobs[at]
+    if not top_a or not top_b:
+        return None
+    chose_a, chose_b = max(top_a, key=top_a.__getitem__), max(top_b, key=top_b.__getitem__)
+    if chose_a == chose_b or chose_b not in top_a or chose_a not in top_b:
+        return None
+    return max(top_a[chose_a] - top_a[chose_b], top_b[chose_b] - top_b[chose_a])
 
 
 def first_divergence(a: Completion, b: Completion) -> tuple[int, str] | None:
@@ -50,22 +78,31 @@ def first_divergence(a: Completion, b: Completion) -> tuple[int, str] | None:
     return None
 
 
-def compare_runs(reference: list[Completion], other: list[Completion]) -> dict[int, str]:
-    """prompt index -> where `other` leaves `reference` (failed requests count as divergent)."""
-    found: dict[int, str] = {}
+def compare_runs(reference: list[Completion], other: list[Completion]) -> dict[int, Divergence]:
+    """prompt index -> where `other` leaves `reference` (failed requests count as divergent), with
+    the near-tie gap there when the runs' logprobs show one (token ids compared only)."""
+    found: dict[int, Divergence] = {}
     for i, (ref, run) in enumerate(zip(reference, other)):
         if not (ref.ok and run.ok):
-            found[i] = f"request failed: {(run.error if not run.ok else ref.error)}"
+            found[i] = Divergence(f"request failed: {(run.error if not run.ok else ref.error)}")
             continue
         where = first_divergence(ref, run)
         if where is not None:
-            found[i] = where[1]
+            by_ids = ref.token_ids is not None and run.token_ids is not None
+            gap = near_tie_gap(ref, run, where[0]) if by_ids else None
+            found[i] = Divergence(where[1], gap if gap is not None and gap <= TIE_NATS else None)
     return found
+
+
+async def _complete(ctx: ProbeContext, prompt: str, url: str | None = None,
+                    model: str | None = None) -> Completion:
+    return await ctx.load.complete(prompt, MAX_TOKENS, seed=SEED, url=url, model=model,
+                                   top_logprobs=TOP_LOGPROBS)
 
 
 async def _alone(ctx: ProbeContext, prompts: list[str], url: str | None = None,
                  model: str | None = None) -> list[Completion]:
-    return [await ctx.load.complete(p, MAX_TOKENS, seed=SEED, url=url, model=model) for p in prompts]
+    return [await _complete(ctx, p, url, model) for p in prompts]
 
 
 ADVICE = {
@@ -75,12 +112,15 @@ ADVICE = {
                   "(proxima runbook rollback-to-stock) and report the prompt and the first divergent token")),
     "batch_dependent": (("expected of stock vLLM kernels on GPU; set VLLM_BATCH_INVARIANT=1 on the server if "
                          "answers must not depend on load (costs throughput)"),),
+    "near_ties": (("the servers differ only where two tokens were (nearly) equally likely: the same model "
+                   "rounded differently (bf16 kernels do; float32 servers should agree exactly)"),
+                  "rank the two by perplexity or top-1 agreement over many tokens, not by equal answers"),
 }
 
 
 @dataclass(frozen=True, slots=True)
 class Readings:
-    diverged: dict[str, dict[int, str]]  # run name -> prompt index -> where it leaves the reference
+    diverged: dict[str, dict[int, Divergence]]  # run name -> prompt index -> where it leaves the reference
     compared: bool  # a --compare server was run too
     evidence: Evidence
 
@@ -89,14 +129,14 @@ async def gather(ctx: ProbeContext) -> Readings:
     prompts = [make_prompt(7 + 13 * i, 12 + 6 * i) for i in range(NUM_PROMPTS)]
     reference = []
     for prompt in prompts:  # one at a time, and not past the first failure: each costs its timeout
-        reference.append(await ctx.load.complete(prompt, MAX_TOKENS, seed=SEED))
+        reference.append(await _complete(ctx, prompt))
         if not reference[-1].ok:
             raise Unmeasured(Status.ERROR, f"reference requests failed: {reference[-1].error}")
     repeat = await _alone(ctx, prompts)
     async with ctx.load.steady(BACKGROUND_CONCURRENCY, max_tokens=MAX_TOKENS, prompt_words=20,
                                first_index=5000):
         await asyncio.sleep(0.3)  # let the background requests occupy the batch first
-        loaded = list(await asyncio.gather(*(ctx.load.complete(p, MAX_TOKENS, seed=SEED) for p in prompts)))
+        loaded = list(await asyncio.gather(*(_complete(ctx, p) for p in prompts)))
 
     by_ids = all(r.token_ids is not None for r in reference)
     evidence: Evidence = {
@@ -116,17 +156,22 @@ async def gather(ctx: ProbeContext) -> Readings:
         diverged["vs_compare"] = compare_runs(reference, compared)
     for name, found in diverged.items():
         evidence[f"{name}_divergent"] = f"{len(found)}/{NUM_PROMPTS}"
-        for i, where in sorted(found.items()):
-            evidence[f"{name}.prompt{i}"] = f"diverges at {where}"
+        for i, d in sorted(found.items()):
+            tie = f", a near tie (logprob gap {d.tie_gap:.3f} nats)" if d.tie_gap is not None else ""
+            evidence[f"{name}.prompt{i}"] = f"diverges at {d.where}{tie}"
     return Readings(diverged, bool(ctx.compare_url), evidence)
 
 
 def judge(r: Readings) -> Verdict:
     parts = [f"{len(found)}/{NUM_PROMPTS} prompts diverge {name.replace('_', ' ')} at "
-             + ", ".join(w.split(" (")[0] for _, w in sorted(found.items()))
+             + ", ".join(d.where.split(" (")[0] for _, d in sorted(found.items()))
              for name, found in r.diverged.items() if found]
-    if r.diverged["repeat"] or r.diverged.get("vs_compare"):
+    vs_compare = r.diverged.get("vs_compare", {})
+    if r.diverged["repeat"] or any(d.tie_gap is None for d in vs_compare.values()):
         return Verdict(Status.FAIL, "; ".join(parts), ("diverges",))
+    if vs_compare:
+        return Verdict(Status.WARN, "; ".join(parts) + f" (each at a near tie: both servers' top logprobs "
+                       f"within {TIE_NATS} nats)", ("near_ties",))
     if r.diverged["under_load"]:
         return Verdict(Status.WARN, "; ".join(parts) + " (batch-composition dependence)",
                        ("batch_dependent",))

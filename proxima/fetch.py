@@ -357,6 +357,19 @@ def completion_answer(payload: object, max_tokens: int,
     return text or "", tuple(ids) if ids is not None else None, prompt_tokens, completion_tokens
 
 
+def completion_top_logprobs(payload: object) -> tuple[dict[str, float], ...] | None:
+    """Each generated position's top logprobs (token text -> logprob) of a /v1/completions answer's
+    first choice asked with ``"logprobs": n``; None when absent or not of that shape (never raises:
+    a caller that wanted them reports that it could not tell, not a failed request)."""
+    try:
+        top = payload["choices"][0]["logprobs"]["top_logprobs"]
+        out = tuple({str(k): float(v) for k, v in position.items()} for position in top)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        return None
+    finite = all(math.isfinite(v) or v == -math.inf for position in out for v in position.values())
+    return out if finite else None
+
+
 def _shown(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."

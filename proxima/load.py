@@ -39,6 +39,7 @@ from proxima.fetch import (
     MalformedAnswer,
     auth_headers,
     completion_answer,
+    completion_top_logprobs,
     describe_http_error,
     fetch,
     is_count,
@@ -64,9 +65,12 @@ def random_prompt(rng: random.Random, min_words: int, max_words: int) -> str:
 
 
 def completion_body(model: str | None, prompt: str, max_tokens: int, *, temperature: float = 0.0,
-                    ignore_eos: bool = True, seed: int | None = None, stream: bool = False) -> dict:
+                    ignore_eos: bool = True, seed: int | None = None, stream: bool = False,
+                    top_logprobs: int = 0) -> dict:
     body: dict = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                   "ignore_eos": ignore_eos}
+    if top_logprobs:
+        body["logprobs"] = top_logprobs
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     else:
@@ -114,6 +118,8 @@ class Completion:
     completion_tokens: int = 0
     latency_s: float = 0.0
     error: str | None = None
+    # Asked for (`complete(top_logprobs=n)`): each position's n most likely tokens, text -> logprob.
+    top_logprobs: tuple[dict[str, float], ...] | None = None
 
 
 @dataclass(slots=True)
@@ -147,12 +153,12 @@ class LoadDriver:
 
     async def complete(self, prompt: str, max_tokens: int, *, temperature: float = 0.0,
                        seed: int | None = None, ignore_eos: bool = True, timeout: float = 60.0,
-                       url: str | None = None, model: str | None = None) -> Completion:
+                       url: str | None = None, model: str | None = None, top_logprobs: int = 0) -> Completion:
         """One /v1/completions request, read whole within `timeout` s and `MAX_ANSWER_BYTES`.
         Never raises for a server's failure (cancellation passes); an answer of the wrong shape
-        is a failed one."""
+        is a failed one (unreadable logprobs only leave ``top_logprobs`` None)."""
         body = completion_body(model or self.model, prompt, max_tokens, temperature=temperature,
-                               ignore_eos=ignore_eos, seed=seed)
+                               ignore_eos=ignore_eos, seed=seed, top_logprobs=top_logprobs)
         return await self._send(completions_url(url or self.url), body, timeout)
 
     async def chat(self, messages: Sequence[dict[str, str]], max_tokens: int, *, temperature: float = 0.0,
@@ -173,12 +179,14 @@ class LoadDriver:
             return Completion(ok=False, error=f"HTTP {answer.status}: {_message(answer.text()[:2000])}",
                               latency_s=latency)
         try:
-            text, ids, prompt_tokens, completion_tokens = completion_answer(
-                answer.json(), body["max_tokens"], chat=chat)
+            payload = answer.json()
+            text, ids, prompt_tokens, completion_tokens = completion_answer(payload, body["max_tokens"],
+                                                                            chat=chat)
         except MalformedAnswer as err:
             return Completion(ok=False, error=f"malformed answer: {err}", latency_s=latency)
         return Completion(ok=True, text=text, token_ids=ids, prompt_tokens=prompt_tokens,
-                          completion_tokens=completion_tokens, latency_s=latency)
+                          completion_tokens=completion_tokens, latency_s=latency,
+                          top_logprobs=completion_top_logprobs(payload) if "logprobs" in body else None)
 
     async def burst(self, prompts: Sequence[str], max_tokens: int, timeout: float,
                     **kwargs) -> list[Completion]:

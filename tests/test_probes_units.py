@@ -11,11 +11,12 @@ from rich.console import Console
 
 from proxima import runbooks
 from proxima.cli.doctor import render
+from proxima.fetch import completion_top_logprobs
 from proxima.load import Completion, make_prompt
 from proxima.probes import runner
 from proxima.probes.adoption import estimate_block_waste
 from proxima.probes.base import ProbeResult, Status
-from proxima.probes.determinism import compare_runs, first_divergence
+from proxima.probes.determinism import TIE_NATS, Readings, compare_runs, first_divergence, judge
 from proxima.probes.environment import local_versions
 from proxima.probes.oom_risk import RampStep
 from proxima.probes.trend import linear_trend
@@ -68,8 +69,48 @@ def test_compare_runs_names_each_divergent_prompt():
              Completion(ok=False, error="HTTP 500")]
     found = compare_runs(ref, other)
     assert set(found) == {1, 2}
-    assert found[1].startswith("token 0 (5 vs 9)")
-    assert "HTTP 500" in found[2]
+    assert found[1].where.startswith("token 0 (5 vs 9)") and found[1].tie_gap is None  # no logprobs: no tie
+    assert "HTTP 500" in found[2].where
+
+
+def _run(ids: tuple[int, ...], top: list[dict[str, float]]) -> Completion:
+    return Completion(ok=True, token_ids=ids, top_logprobs=tuple(top))
+
+
+def test_a_divergence_at_a_near_tie_is_told_from_a_real_one():
+    same = {" the": -0.1, " a": -2.5}
+    ref = _run((1, 2, 3), [same, {" cat": -0.69, " dog": -0.70, " cow": -3.0}, {" sat": -0.2}])
+    # Position 1: both runs list both choices, 0.01 and 0.05 nats apart: a near tie.
+    tie = _run((1, 4, 5), [same, {" dog": -0.66, " cat": -0.71}, {" ran": -0.3}])
+    # Position 1 again, but this run prefers " cow" by a wide margin: a real divergence.
+    real = _run((1, 6, 5), [same, {" cow": -0.05, " cat": -3.2}, {" ran": -0.3}])
+    # This run's choice is not among the reference's top logprobs at all: cannot be called a tie.
+    unlisted = _run((1, 7, 5), [same, {" pig": -0.6, " cat": -0.7}, {" ran": -0.3}])
+    found = compare_runs([ref] * 3, [tie, real, unlisted])
+    assert found[0].where.startswith("token 1 (2 vs 4)")
+    assert found[0].tie_gap == pytest.approx(0.05)
+    assert found[1].tie_gap is None and found[2].tie_gap is None
+    evidence: dict = {}
+    only_ties = Readings({"repeat": {}, "under_load": {}, "vs_compare": {0: found[0]}}, True, evidence)
+    verdict = judge(only_ties)
+    assert verdict.status == Status.WARN and f"within {TIE_NATS} nats" in verdict.summary
+    assert judge(Readings({"repeat": {}, "under_load": {}, "vs_compare": found}, True, evidence)).status \
+        == Status.FAIL
+    # The same server diverging from itself fails even at a tie: nothing should differ there.
+    assert judge(Readings({"repeat": {0: found[0]}, "under_load": {}}, False, evidence)).status == Status.FAIL
+
+
+def test_top_logprobs_are_read_from_a_vllm_completions_answer():
+    answer = {"choices": [{"text": " cat sat", "token_ids": [2, 3],
+                           "logprobs": {"tokens": [" cat", " sat"], "token_logprobs": [-0.69, -0.2],
+                                        "top_logprobs": [{" cat": -0.69, " dog": -0.70}, {" sat": -0.2}],
+                                        "text_offset": [0, 4]}}],
+              "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+    assert completion_top_logprobs(answer) == ({" cat": -0.69, " dog": -0.70}, {" sat": -0.2})
+    for broken in ({"choices": [{"text": "x"}]}, {"choices": [{"logprobs": {"top_logprobs": [[1, 2]]}}]},
+                   {"choices": [{"logprobs": {"top_logprobs": [{"a": "high"}]}}]},
+                   {"choices": [{"logprobs": {"top_logprobs": [{"a": float("nan")}]}}]}, [], None):
+        assert completion_top_logprobs(broken) is None
 
 
 def test_exit_code_ranks_fail_over_error_over_warn():
