@@ -157,6 +157,7 @@ def launched_ab(tiny_model, tmp_path_factory):
         levels_to_run([2, 4], []),
         SweepParams(requests_per_level=60, request_timeout_s=30, sample_interval_s=0.2),
         launch=LaunchPlan(tiny_model, ("block", "token"), ("block", "token"), SERVER_ARGS, log_dir=logs),
+        check_answers=True,
     )
     result, work = run_bench(plan, observer)
     return result, work, observer
@@ -181,6 +182,18 @@ def test_launch_runs_block_then_token_with_the_same_flags(launched_ab, tmp_path)
     written = report.write_outputs(result, work, tmp_path / "out")
     page = (tmp_path / "out" / "report.html").read_text()
     assert (tmp_path / "out" / "report.html") in written and "block" in page and "token" in page
+
+
+def test_check_answers_finds_the_float32_servers_answer_alike(launched_ab, tmp_path):
+    """--check-answers: 120 greedy answers from each server before its sweep (the token server was
+    killed only later, in its first level); float32, same weights: every answer identical."""
+    result, _, _ = launched_ab
+    (check,) = result.answer_check
+    assert (check["reference"], check["test"], check["num_prompts"]) == ("block", "token", 120)
+    assert (check["identical"], check["near_ties"], check["differ"], check["failed"]) == (120, 0, 0, 0)
+    assert check["kv_dtypes"] == ["auto", "auto"] and not check["expected_to_differ"]
+    assert "answers, token against block: 120/120 greedy answers identical" in " ".join(result.notes)
+    assert json.loads(result.to_json())["answer_check"] == result.answer_check
 
 
 def test_a_server_killed_mid_level_is_reported_not_crashed_on(launched_ab):

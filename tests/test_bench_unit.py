@@ -326,3 +326,26 @@ def test_a_signal_while_results_are_written_waits_until_they_are_complete():
         written = "still here"
     assert written == "still here" and signals.late == [signal.SIGTERM, signal.SIGINT]
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_answer_check_counts_ties_clear_differences_and_failures():
+    from proxima.bench.answers import QUESTIONS, compare
+    from proxima.load import Completion
+
+    def answer(ids, top=None):
+        return Completion(ok=True, token_ids=ids, top_logprobs=top)
+
+    tied = ({" a": -0.1}, {" x": -0.70, " y": -0.71})
+    ref = [answer((1, 2), tied), answer((1, 2)), answer((1, 2)), answer((1, 2))]
+    test = [answer((1, 3), ({" a": -0.1}, {" y": -0.69, " x": -0.72})), answer((9, 9)),
+            Completion(ok=False, error="HTTP 500"), answer((1, 2))]
+    check = compare("stock", ref, "token", test, ("auto", "auto"))
+    counts = (check.num_prompts, check.identical, check.near_ties, check.differ, check.failed)
+    assert counts == (4, 1, 1, 1, 1)
+    assert check.examples == (f"{QUESTIONS[1]!r} at token 0 (1 vs 9)",)
+    text = check.describe()
+    assert text.startswith("answers, token against stock: 1/4 greedy answers identical")
+    assert "1 part at a near tie" in text and "1 differ at a clear margin" in text and "1 failed" in text
+    assert "Same KV dtype" in text
+    other = compare("stock", ref, "token-int4", test, ("auto", "int4_per_token_head"))
+    assert other.expected_to_differ and "expected to differ" in other.describe()

@@ -70,6 +70,7 @@ class BenchOptions:
     sample_interval: float = 0.5
     client_workers: int | None = None
     repeat: int = 1
+    check_answers: bool = False
     out: Path | None = None
     log_dir: Path | None = None
     api_key: str | None = field(default=None, repr=False)
@@ -86,6 +87,7 @@ class BenchPlan:
     default_max_tokens: int = wl.DEFAULT_MAX_TOKENS
     command: str = ""
     interleave: bool = True  # servers up together take turns level by level
+    check_answers: bool = False  # greedy answers from every server before its sweep (bench/answers.py)
 
     @classmethod
     def from_options(cls, o: BenchOptions, command: str = "") -> BenchPlan:
@@ -113,13 +115,14 @@ class BenchPlan:
                              api_key=api_key_from(o.api_key))
         if o.launch:
             return cls(workload, levels, params, launch=_launch_plan(o), default_max_tokens=default_max,
-                       command=command, interleave=o.interleave)
+                       command=command, interleave=o.interleave, check_answers=o.check_answers)
         try:
             urls = [normalize_url(u) for u in ([o.url] if o.url else [o.a, o.b])]
         except ValueError as err:
             raise PlanError(str(err)) from None
         labels = [None] if o.url else [o.label_a, o.label_b]
-        return cls(workload, levels, params, urls, labels, None, default_max, command, o.interleave)
+        return cls(workload, levels, params, urls, labels, None, default_max, command, o.interleave,
+                   o.check_answers)
 
 
 def _check_servers(o: BenchOptions) -> None:

@@ -158,6 +158,7 @@ class ServerRun:
     stopped: str | None = None  # why higher levels were not run
     launch: dict | None = None  # started_at / stopped_at / log, when bench launched it
     metrics_error: str | None = None  # why its /metrics could not be used, when it could not
+    kv_cache_dtype: str | None = None  # vLLM's --kv-cache-dtype as the server reports it
 
     def levels_of(self, kind: str) -> list[LevelResult]:
         return sorted((lv for lv in self.levels if lv.kind == kind), key=lambda lv: lv.value)
@@ -250,6 +251,7 @@ class BenchResult:
     runs: list[ServerRun]
     verdict: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    answer_check: list[dict] = field(default_factory=list)  # --check-answers: each server against the first
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -120,13 +120,15 @@ def _describe_kv(run: ServerRun, params: SweepParams) -> None:
         return
     kv = snap.proxima
     run.allocator = kv.allocator if kv else "stock"
+    run.kv_cache_dtype = snap.kv_cache_dtype
     run.kv_block_size = kv.granularity if kv else snap.block_size
     run.kv_capacity_tokens = kv_capacity_tokens(snap) or run.kv_capacity_tokens
 
 
 def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, runs: list[ServerRun],
-                   work_box: list[wl.Workload]) -> None:
-    """Sweep the servers of one group (up at the same time); the workload is built on first use."""
+                   work_box: list[wl.Workload], answers: dict[str, list]) -> None:
+    """Sweep the servers of one group (up at the same time); the workload is built on first use.
+    With --check-answers each server first answers the fixed greedy prompts (into `answers`)."""
     models = [asyncio.run(_model(s.url, plan.params)) for s in group]
     if not work_box:
         work_box.append(prepare_workload(plan, group[0].url, models[0]))
@@ -137,6 +139,12 @@ def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, ru
     # The runs are the caller's from here on, and levels land in them as they finish: an
     # interrupted bench still reports what it measured.
     runs.extend(run for _, run in pairs)
+    if plan.check_answers:
+        from proxima.bench.answers import collect
+
+        for target, run in pairs:
+            answers[run.label] = asyncio.run(collect(target.url, target.model, plan.params.request_timeout_s,
+                                                     plan.params.api_key))
     if plan.interleave and len(pairs) > 1:
         outcomes = asyncio.run(run_interleaved(targets, work, plan.levels, plan.params, observer,
                                                [run.levels for _, run in pairs]))
@@ -159,10 +167,11 @@ def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Work
         check_reachable(plan.urls, plan.params)
     runs: list[ServerRun] = []
     work_box: list[wl.Workload] = []
+    answers: dict[str, list] = {}
     try:
         with contextlib.closing(_server_groups(plan)) as groups:  # launched servers stop even on errors
             for group in groups:
-                _measure_group(plan, group, observer, runs, work_box)
+                _measure_group(plan, group, observer, runs, work_box, answers)
     except KeyboardInterrupt:
         measured = [run for run in runs if run.levels]
         if not measured or not work_box:
@@ -171,13 +180,13 @@ def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Work
             if len(run.levels) < len(plan.levels):
                 interrupted = f"interrupted after {run.levels[-1].label}"
                 run.stopped = "; ".join(filter(None, [run.stopped, interrupted]))
-        result = _result(plan, measured, work_box[0])
+        result = _result(plan, measured, work_box[0], answers)
         result.notes.insert(0, "Interrupted: only the levels that finished before the interrupt are "
                                "reported.")
         raise BenchInterrupted(result, work_box[0]) from None
     work = work_box[0] if work_box else None
     assert work is not None
-    return _result(plan, runs, work), work
+    return _result(plan, runs, work, answers), work
 
 
 class BenchInterrupted(KeyboardInterrupt):
@@ -188,7 +197,8 @@ class BenchInterrupted(KeyboardInterrupt):
         self.result, self.work = result, work
 
 
-def _result(plan: BenchPlan, runs: list[ServerRun], work: wl.Workload) -> BenchResult:
+def _result(plan: BenchPlan, runs: list[ServerRun], work: wl.Workload,
+            answers: dict[str, list] | None = None) -> BenchResult:
     p = plan.params
     result = BenchResult(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -198,10 +208,27 @@ def _result(plan: BenchPlan, runs: list[ServerRun], work: wl.Workload) -> BenchR
         runs=runs,
         verdict=verdict(runs, p.slo_p95_s, p.max_error_rate),
     )
+    result.notes.extend(_answer_notes(result, runs, answers or {}))
     result.notes.extend(client_notes(result))
     result.notes.extend(f"{run.label}: {run.url}/metrics could not be used ({run.metrics_error}); no KV or "
                         "server-side figures for it" for run in runs if run.metrics_error)
     return result
+
+
+def _answer_notes(result: BenchResult, runs: list[ServerRun], answers: dict[str, list]) -> list[str]:
+    """--check-answers: every server's answers against the first server's, into the result."""
+    from dataclasses import asdict
+
+    from proxima.bench.answers import compare
+
+    answered = [run for run in runs if run.label in answers]
+    if len(answered) < 2:
+        return ["--check-answers: one server, nothing to compare its answers with"] if answered else []
+    ref = answered[0]
+    checks = [compare(ref.label, answers[ref.label], run.label, answers[run.label],
+                      (ref.kv_cache_dtype, run.kv_cache_dtype)) for run in answered[1:]]
+    result.answer_check = [asdict(c) | {"expected_to_differ": c.expected_to_differ} for c in checks]
+    return [c.describe() for c in checks]
 
 
 async def _model(url: str, params: SweepParams) -> str:
@@ -219,7 +246,7 @@ def _config(plan: BenchPlan) -> dict:
         "request_timeout_s": p.request_timeout_s, "sample_interval_s": p.sample_interval_s, "seed": p.seed,
         "endpoint": "/v1/completions (stream, include_usage, ignore_eos, temperature 0)",
         "interleave": plan.interleave, "client_workers": p.client_workers or "auto",
-        "repeat": p.repeat,
+        "repeat": p.repeat, "check_answers": plan.check_answers,
     }
     if plan.launch is not None:
         launch = plan.launch

@@ -85,6 +85,10 @@ def bench(
     repeat: int = typer.Option(
         1, "--repeat", help="Run each level this many times: means with 95% intervals; servers whose "
         "intervals overlap are called tied."),
+    check_answers: bool = typer.Option(
+        False, "--check-answers",
+        help="Before each server's sweep, send it 120 fixed greedy prompts; report how many answers the "
+        "servers share (a broken engine shows in the same run)."),
     client_workers: int | None = typer.Option(
         None, "--client-workers",
         help="Processes sending the load (default: one per 48 streams or req/s, at most one per core; "

@@ -1,0 +1,96 @@
+"""`proxima bench --check-answers`: the same greedy prompts to every server before its sweep, and
+how many answers the servers share, so a broken engine (or a KV dtype that changes answers) shows
+in the run that measures its speed.
+
+Prompts are the accuracy set's questions (`proxima.chat_prompts`) as plain completions (any model
+answers them, chat template or not), `ANSWER_TOKENS` greedy tokens each with a fixed seed and
+`ignore_eos`, compared as token ids. A difference is classified as `probes.determinism` does: at a
+near tie (both servers list both choices among their top logprobs, within `TIE_NATS`) two correct
+engines that round differently part ways; anywhere else they compute different things.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from proxima.chat_prompts import GENERAL_QUESTIONS, SUPPORT_QUESTIONS
+from proxima.load import Completion, LoadDriver, new_http_client
+from proxima.probes.determinism import TIE_NATS, TOP_LOGPROBS, compare_runs
+
+ANSWER_TOKENS = 32
+CONCURRENCY = 8
+SEED = 1234
+
+
+QUESTIONS = (*GENERAL_QUESTIONS, *SUPPORT_QUESTIONS)
+
+
+def answer_prompts() -> list[str]:
+    return [f"Question: {q}\nAnswer:" for q in QUESTIONS]
+
+
+async def collect(url: str, model: str, request_timeout_s: float, api_key: str | None) -> list[Completion]:
+    """Every answer prompt's greedy completion from one server, in prompt order."""
+    async with new_http_client(request_timeout_s, api_key) as http:
+        driver = LoadDriver(http, url, model)
+        sem = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(prompt: str) -> Completion:
+            async with sem:
+                return await driver.complete(prompt, ANSWER_TOKENS, seed=SEED, timeout=request_timeout_s,
+                                             top_logprobs=TOP_LOGPROBS)
+
+        return list(await asyncio.gather(*(one(p) for p in answer_prompts())))
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerCheck:
+    """`test`'s answers against `reference`'s."""
+
+    reference: str
+    test: str
+    num_prompts: int
+    identical: int
+    near_ties: int  # differ, first at a near tie
+    differ: int  # differ at a clear margin (or could not be told apart from one)
+    failed: int  # a request failed on either server
+    kv_dtypes: tuple[str | None, str | None]
+    examples: tuple[str, ...]  # the first few clear differences: prompt and first differing token
+
+    @property
+    def expected_to_differ(self) -> bool:
+        a, b = self.kv_dtypes
+        return a is not None and b is not None and a != b
+
+    def describe(self) -> str:
+        head = (f"answers, {self.test} against {self.reference}: {self.identical}/{self.num_prompts} greedy "
+                f"answers identical ({ANSWER_TOKENS} tokens each, sent before the sweep)")
+        parts = []
+        if self.near_ties:
+            parts.append(f"{self.near_ties} part at a near tie (both servers' top logprobs within "
+                         f"{TIE_NATS} nats: rounding, not a different computation)")
+        if self.differ:
+            parts.append(f"{self.differ} differ at a clear margin"
+                         + (f", e.g. {'; '.join(self.examples)}" if self.examples else ""))
+        if self.failed:
+            parts.append(f"{self.failed} failed on a server")
+        text = head + ("; " + "; ".join(parts) if parts else "")
+        if self.expected_to_differ:
+            text += (f". KV dtypes differ ({self.kv_dtypes[0]} against {self.kv_dtypes[1]}): answers are "
+                     "expected to differ; rank their quality with scripts/bench_kv_accuracy.py")
+        elif self.differ:
+            text += (". Same KV dtype: answers that differ at a clear margin mean the engines compute "
+                     "different things; check that before trusting either's speed")
+        return text
+
+
+def compare(reference: str, ref_answers: list[Completion], test: str, test_answers: list[Completion],
+            kv_dtypes: tuple[str | None, str | None]) -> AnswerCheck:
+    found = compare_runs(ref_answers, test_answers)
+    failed = [i for i, d in found.items() if d.where.startswith("request failed")]
+    ties = [i for i, d in found.items() if d.tie_gap is not None]
+    clear = sorted(set(found) - set(failed) - set(ties))
+    examples = tuple(f"{QUESTIONS[i]!r} at {found[i].where}" for i in clear[:3])
+    return AnswerCheck(reference, test, len(ref_answers), len(ref_answers) - len(found), len(ties),
+                       len(clear), len(failed), kv_dtypes, examples)
