@@ -157,7 +157,7 @@ def launched_ab(tiny_model, tmp_path_factory):
         levels_to_run([2, 4], []),
         SweepParams(requests_per_level=60, request_timeout_s=30, sample_interval_s=0.2),
         launch=LaunchPlan(tiny_model, ("block", "token"), ("block", "token"), SERVER_ARGS, log_dir=logs),
-        check_answers=True,
+        check_answers=True, warmup=4,
     )
     result, work = run_bench(plan, observer)
     return result, work, observer
@@ -175,6 +175,8 @@ def test_launch_runs_block_then_token_with_the_same_flags(launched_ab, tmp_path)
     assert [lv.server_requests_finished for lv in block.levels] == [60, 60]
     assert [lv.server_generation_tokens for lv in block.levels] == [60 * 32, 60 * 32]
     assert block.stopped is None
+    # Warm-up and --check-answers requests went first and count in no level (the counts above).
+    assert result.config["warmup_requests"] == 4 and block.warmup_failed == 0
     for run in (block, token):
         assert Path(run.launch["log"]).exists()
         with pytest.raises(httpx.HTTPError):

@@ -172,6 +172,7 @@ def test_cli_unreachable_server_is_one_clear_line(tmp_path):
     (["--url", "http://x:1", "--", "--dtype", "float32"], "only used with --launch"),
     (["--launch", "m", "--variants", "token,paged"], "--variants takes"),
     (["--url", "http://x:1", "--max-error-rate", "2"], "--max-error-rate"),
+    (["--url", "http://x:1", "--warmup", "-1"], "--warmup is how many unmeasured requests"),
 ])
 def test_cli_option_errors(args, expected):
     result = runner.invoke(app, ["bench", *args])

@@ -71,6 +71,7 @@ class BenchOptions:
     client_workers: int | None = None
     repeat: int = 1
     check_answers: bool = False
+    warmup: int = 8
     out: Path | None = None
     log_dir: Path | None = None
     api_key: str | None = field(default=None, repr=False)
@@ -88,6 +89,7 @@ class BenchPlan:
     command: str = ""
     interleave: bool = True  # servers up together take turns level by level
     check_answers: bool = False  # greedy answers from every server before its sweep (bench/answers.py)
+    warmup: int = 0  # unmeasured requests to every server before its first level
 
     @classmethod
     def from_options(cls, o: BenchOptions, command: str = "") -> BenchPlan:
@@ -115,14 +117,15 @@ class BenchPlan:
                              api_key=api_key_from(o.api_key))
         if o.launch:
             return cls(workload, levels, params, launch=_launch_plan(o), default_max_tokens=default_max,
-                       command=command, interleave=o.interleave, check_answers=o.check_answers)
+                       command=command, interleave=o.interleave, check_answers=o.check_answers,
+                       warmup=o.warmup)
         try:
             urls = [normalize_url(u) for u in ([o.url] if o.url else [o.a, o.b])]
         except ValueError as err:
             raise PlanError(str(err)) from None
         labels = [None] if o.url else [o.label_a, o.label_b]
         return cls(workload, levels, params, urls, labels, None, default_max, command, o.interleave,
-                   o.check_answers)
+                   o.check_answers, o.warmup)
 
 
 def _check_servers(o: BenchOptions) -> None:
@@ -155,6 +158,8 @@ def _check_numbers(o: BenchOptions) -> None:
         raise PlanError("--slo-p95, --timeout and --avalanche-factor must be positive")
     if o.sample_interval < 0:
         raise PlanError("--sample-interval is seconds between metrics samples (0 turns sampling off)")
+    if o.warmup < 0:
+        raise PlanError("--warmup is how many unmeasured requests each server gets first: 0 or more")
     if o.repeat < 1:
         raise PlanError("--repeat is how many times each level runs: at least 1 (2 or more for intervals)")
     if o.client_workers is not None and o.client_workers < 1:

@@ -151,6 +151,9 @@ class ProgressObserver(Observer):
         self.progress.update(self.task, completed=self.done,
                              errors=f"[red]{self.errors} failed[/]" if self.errors else "")
 
+    def event(self, text: str) -> None:
+        self.progress.console.print(escape(text), highlight=False)
+
     def level_finished(self, target: Target, level: LevelResult) -> None:
         p95 = _num(level.e2e.p95, "{:.2f}")
         # The reason may quote a server's error message: data, escaped, never markup.

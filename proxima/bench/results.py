@@ -159,6 +159,7 @@ class ServerRun:
     launch: dict | None = None  # started_at / stopped_at / log, when bench launched it
     metrics_error: str | None = None  # why its /metrics could not be used, when it could not
     kv_cache_dtype: str | None = None  # vLLM's --kv-cache-dtype as the server reports it
+    warmup_failed: int = 0  # warm-up requests that failed (none measured)
 
     def levels_of(self, kind: str) -> list[LevelResult]:
         return sorted((lv for lv in self.levels if lv.kind == kind), key=lambda lv: lv.value)

@@ -25,8 +25,11 @@ from proxima.bench.sweep import Observer, SweepParams, Target, run_interleaved, 
 from proxima.bench.workers import available_cores
 from proxima.fetch import auth_headers
 from proxima.hosts import is_this_host
-from proxima.load import new_http_client
+from proxima.load import LoadDriver, make_prompt, new_http_client
 from proxima.scrape import ServerSnapshot, kv_capacity_tokens, scrape_sync
+
+WARMUP_CONCURRENCY = 8
+WARMUP_PROMPT_BASE = 900_000  # far from any workload's prompt indices
 
 
 @dataclass(slots=True)
@@ -94,12 +97,12 @@ def prepare_workload(plan: BenchPlan, url: str, model: str) -> wl.Workload:
     return asyncio.run(build())
 
 
-def _server_groups(plan: BenchPlan) -> Iterator[list[_Served]]:
+def _server_groups(plan: BenchPlan, observer: Observer) -> Iterator[list[_Served]]:
     """Servers that are up at the same time, group by group."""
     if plan.launch is None:
         yield [_Served(label, url) for url, label in zip(plan.urls, plan.labels)]
         return
-    for group in launched(plan.launch):
+    for group in launched(plan.launch, observer.event):
         yield [_Served(s.label, s.url, s.variant, s.info, s.pid) for s in group]
 
 
@@ -140,11 +143,16 @@ def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, ru
     # interrupted bench still reports what it measured.
     runs.extend(run for _, run in pairs)
     if plan.check_answers:
-        from proxima.bench.answers import collect
+        from proxima.bench.answers import answer_prompts, collect
 
         for target, run in pairs:
+            observer.event(f"{run.label}: answering {len(answer_prompts())} fixed prompts (--check-answers)")
             answers[run.label] = asyncio.run(collect(target.url, target.model, plan.params.request_timeout_s,
                                                      plan.params.api_key))
+    for target, run in pairs:
+        if plan.warmup:
+            observer.event(f"{run.label}: {plan.warmup} warm-up requests (not measured)")
+            run.warmup_failed = asyncio.run(_warm_up(target, work, plan.warmup, plan.params))
     if plan.interleave and len(pairs) > 1:
         outcomes = asyncio.run(run_interleaved(targets, work, plan.levels, plan.params, observer,
                                                [run.levels for _, run in pairs]))
@@ -169,7 +177,8 @@ def run_bench(plan: BenchPlan, observer: Observer) -> tuple[BenchResult, wl.Work
     work_box: list[wl.Workload] = []
     answers: dict[str, list] = {}
     try:
-        with contextlib.closing(_server_groups(plan)) as groups:  # launched servers stop even on errors
+        # Launched servers stop even on errors.
+        with contextlib.closing(_server_groups(plan, observer)) as groups:
             for group in groups:
                 _measure_group(plan, group, observer, runs, work_box, answers)
     except KeyboardInterrupt:
@@ -208,11 +217,26 @@ def _result(plan: BenchPlan, runs: list[ServerRun], work: wl.Workload,
         runs=runs,
         verdict=verdict(runs, p.slo_p95_s, p.max_error_rate),
     )
+    result.notes.extend(f"{run.label}: {run.warmup_failed} of {plan.warmup} warm-up requests failed (not "
+                        "counted in any level; the first level may still have met a cold server)"
+                        for run in runs if run.warmup_failed)
     result.notes.extend(_answer_notes(result, runs, answers or {}))
     result.notes.extend(client_notes(result))
     result.notes.extend(f"{run.label}: {run.url}/metrics could not be used ({run.metrics_error}); no KV or "
                         "server-side figures for it" for run in runs if run.metrics_error)
     return result
+
+
+async def _warm_up(target: Target, work: wl.Workload, count: int, params: SweepParams) -> int:
+    """`count` requests shaped as the workload's first (prompt length in words, max_tokens) with prompts
+    of their own (so nothing measured later finds them cached); how many failed."""
+    first = work.requests[0]
+    requests = [(make_prompt(WARMUP_PROMPT_BASE + i, len(first.prompt.split())), first.max_tokens)
+                for i in range(count)]
+    async with new_http_client(params.request_timeout_s, params.api_key) as http:
+        done = await LoadDriver(http, target.url, target.model).each_once(
+            requests, min(count, WARMUP_CONCURRENCY), timeout=params.request_timeout_s)
+    return sum(not c.ok for c in done)
 
 
 def _answer_notes(result: BenchResult, runs: list[ServerRun], answers: dict[str, list]) -> list[str]:
@@ -246,7 +270,7 @@ def _config(plan: BenchPlan) -> dict:
         "request_timeout_s": p.request_timeout_s, "sample_interval_s": p.sample_interval_s, "seed": p.seed,
         "endpoint": "/v1/completions (stream, include_usage, ignore_eos, temperature 0)",
         "interleave": plan.interleave, "client_workers": p.client_workers or "auto",
-        "repeat": p.repeat, "check_answers": plan.check_answers,
+        "repeat": p.repeat, "check_answers": plan.check_answers, "warmup_requests": plan.warmup,
     }
     if plan.launch is not None:
         launch = plan.launch

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -70,7 +70,9 @@ def _server(plan: LaunchPlan, variant: str, label: str) -> ManagedServer:
     return ManagedServer(spec)
 
 
-def _start(server: ManagedServer, plan: LaunchPlan, info: dict) -> None:
+def _start(server: ManagedServer, plan: LaunchPlan, info: dict, say: Callable[[str], None]) -> None:
+    say(f"starting the {server.spec.variant} server ({plan.model}; vLLM takes a minute or more to start, "
+        f"longer on CPU; log: {server.spec.log_path})")
     info["started_at"] = time.time()
     try:
         server.start(timeout=plan.startup_timeout_s)
@@ -81,6 +83,7 @@ def _start(server: ManagedServer, plan: LaunchPlan, info: dict) -> None:
             f"see {server.spec.log_path}"
         ) from None
     info["ready_at"] = time.time()
+    say(f"the {server.spec.variant} server is ready ({info['ready_at'] - info['started_at']:.0f} s)")
 
 
 def _stop(server: ManagedServer, info: dict, baseline: int | None) -> None:
@@ -89,25 +92,25 @@ def _stop(server: ManagedServer, info: dict, baseline: int | None) -> None:
     info["memory_release_wait_s"] = wait_memory_released(baseline)
 
 
-def launched(plan: LaunchPlan) -> Iterator[list[Launched]]:
+def launched(plan: LaunchPlan, say: Callable[[str], None] = lambda text: None) -> Iterator[list[Launched]]:
     """Yield the servers that are up together, ready to use: one at a time (each stopped when the
-    caller asks for the next), or, side by side, all of them at once."""
+    caller asks for the next), or, side by side, all of them at once. `say` hears each start."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     if plan.side_by_side:
-        yield from _side_by_side(plan)
+        yield from _side_by_side(plan, say)
         return
     for variant, label in zip(plan.variants, plan.labels):
         server = _server(plan, variant, label)
         info: dict = {"variant": variant, "log": str(server.spec.log_path), "side_by_side": False}
         baseline = gpu_memory_bytes()
         try:
-            _start(server, plan, info)
+            _start(server, plan, info, say)
             yield [Launched(label, variant, server.url, info, server.pid)]
         finally:
             _stop(server, info, baseline)
 
 
-def _side_by_side(plan: LaunchPlan) -> Iterator[list[Launched]]:
+def _side_by_side(plan: LaunchPlan, say: Callable[[str], None]) -> Iterator[list[Launched]]:
     servers = [_server(plan, v, lab) for v, lab in zip(plan.variants, plan.labels)]
     infos = [{"variant": s.spec.variant, "log": str(s.spec.log_path), "side_by_side": True} for s in servers]
     baseline = gpu_memory_bytes()
@@ -115,7 +118,7 @@ def _side_by_side(plan: LaunchPlan) -> Iterator[list[Launched]]:
         for server in servers:
             stack.callback(server.stop)
         with ThreadPoolExecutor(len(servers)) as pool:
-            futures = [pool.submit(_start, s, plan, i) for s, i in zip(servers, infos)]
+            futures = [pool.submit(_start, s, plan, i, say) for s, i in zip(servers, infos)]
             for f in futures:
                 f.result()
         yield [Launched(label, server.spec.variant, server.url, info, server.pid)

@@ -73,6 +73,9 @@ class Observer:
 
     def level_finished(self, target: Target, level: LevelResult) -> None: ...
 
+    def event(self, text: str) -> None:
+        """Work between levels (a server starting, answers being checked), as one line of text."""
+
 
 class _LevelState:
     """Results of one level so far, and the decision to stop it early.
