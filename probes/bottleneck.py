@@ -10,6 +10,12 @@ the engine is compute- (or CPU-scheduling-) bound. And if the engine sees only a
 the requests the probe keeps in flight, the front end (HTTP, tokenisation in the API server
 process, or the client) is the limit: the engine idles between waves. The verdict says which
 evidence it used.
+
+The probe's requests have the size of the server's own traffic: the mean prompt and output
+tokens of the requests it finished before (vLLM's per-request token histograms), when at least
+`MIN_OBSERVED` did; otherwise a fixed 64-word prompt and 32 tokens. Requests of the wrong size
+load a different cache (100-token requests on a server whose chats hold 2,000 tokens never fill
+it), which is how a server whose `oom_risk` fails could be called compute-bound.
 """
 
 from __future__ import annotations
@@ -41,6 +47,32 @@ COMPUTE_BOUND_PCT = 70.0
 FLAT_SCALING = 1.3
 # If the engine runs fewer than this share of the requests in flight, the front end is the limit.
 FRONT_END_SHARE = 0.25
+# Finished requests whose mean size the probe replays; below this, the fixed shape below.
+MIN_OBSERVED = 20
+FIXED_PROMPT_WORDS, FIXED_OUTPUT_TOKENS = 64, 32
+MAX_OUTPUT_TOKENS = 1024  # a phase lasts seconds: longer outputs would only be cut off
+
+
+@dataclass(frozen=True, slots=True)
+class RequestShape:
+    prompt_words: int
+    output_tokens: int
+    source: str  # what the shape was taken from, for the evidence
+
+
+def request_shape(snapshot, max_model_len: int | None) -> RequestShape:
+    """The server's observed mean request (prompt words ~ tokens: the probe's prompts are common
+    words, about one token each), or the fixed shape when too few requests finished."""
+    prompts, outputs = snapshot.prompt_tokens_per_request, snapshot.generation_tokens_per_request
+    finished = min(prompts.count, outputs.count)
+    if finished < MIN_OBSERVED or prompts.mean is None or outputs.mean is None:
+        return RequestShape(FIXED_PROMPT_WORDS, FIXED_OUTPUT_TOKENS,
+                            f"fixed ({finished:.0f} finished requests to copy, fewer than {MIN_OBSERVED})")
+    output = max(1, min(round(outputs.mean), MAX_OUTPUT_TOKENS))
+    prompt = max(1, round(prompts.mean))
+    if max_model_len:  # leave room for the output (and the tokenizer's few extra tokens)
+        prompt = max(1, min(prompt, int(0.9 * max_model_len) - output))
+    return RequestShape(prompt, output, f"observed: the mean of {finished:.0f} finished requests")
 
 
 def _throughput(samples: list[Sample]) -> float | None:
@@ -48,9 +80,11 @@ def _throughput(samples: list[Sample]) -> float | None:
     return rate(ok[-1], ok[0], "generation_tokens_total") if len(ok) >= 2 else None
 
 
-async def _phase(ctx: ProbeContext, concurrency: int, seconds: float, t0: float, first: int) -> list[Sample]:
+async def _phase(ctx: ProbeContext, concurrency: int, seconds: float, t0: float, first: int,
+                 shape: RequestShape) -> list[Sample]:
     sampler = ctx.sampler(t0=t0)
-    async with ctx.load.steady(concurrency, max_tokens=32, prompt_words=64, first_index=first):
+    async with ctx.load.steady(concurrency, max_tokens=shape.output_tokens, prompt_words=shape.prompt_words,
+                               first_index=first):
         await asyncio.sleep(min(1.0, seconds / 4))  # let the batch fill before measuring
         async with sampler.running():
             await asyncio.sleep(seconds)
@@ -89,8 +123,9 @@ async def gather(ctx: ProbeContext) -> Readings:
     if not first.ok:
         raise Unmeasured(Status.ERROR, f"cannot read metrics: {first.error}")
     seconds = max(1.5, ctx.window_s / 2)
-    low = await _phase(ctx, LOW, seconds, 0.0, 20_000)
-    high = await _phase(ctx, HIGH, seconds, 0.0, 40_000)
+    shape = request_shape(first, ctx.max_model_len)
+    low = await _phase(ctx, LOW, seconds, 0.0, 20_000, shape)
+    high = await _phase(ctx, HIGH, seconds, 0.0, 40_000, shape)
     if len(high) < 2 or len(low) < 2:
         raise Unmeasured(Status.ERROR, "too few metric samples under load")
 
@@ -105,6 +140,9 @@ async def gather(ctx: ProbeContext) -> Readings:
     evidence: Evidence = {
         "concurrency_low": LOW,
         "concurrency_high": HIGH,
+        "request_prompt_words": shape.prompt_words,
+        "request_output_tokens": shape.output_tokens,
+        "request_shape": shape.source,
         "throughput_low_tokens_per_s": round(tput_low, 1) if tput_low else None,
         "throughput_high_tokens_per_s": round(tput_high, 1) if tput_high else None,
         "throughput_scaling": round(scaling, 2) if scaling else None,

@@ -143,6 +143,10 @@ def test_healthy_proxima_server_passes(proxima_server, fault_servers):
             assert ev["first_pressure_concurrency"] is None
         elif name == "determinism":  # batch-composition dependence only, never alone
             assert check["evidence"]["repeat_divergent"] == "0/4"
+        elif name == "bottleneck":  # it replays the sizes of earlier tests' requests: their KV
+            ev = check["evidence"]
+            assert ev["request_shape"].startswith("observed")
+            assert ev["kv_usage_peak"] >= 0.9 or ev["preemptions"] > 0
         else:
             pytest.fail(f"unjustified warning from {name}: {check['summary']}")
     assert _wait_quiet(proxima_server.url), "load still running after the doctor exited"

@@ -256,3 +256,26 @@ def test_probe_steps_judge_and_advise_plain_readings():
 
     result = asyncio.run(run_steps("x", "runbooks/x.md", None, nothing, allocator.judge, allocator.advise))
     assert result == ProbeResult("x", Status.SKIP, "nothing to see", {}, "runbooks/x.md")
+
+
+def test_bottleneck_replays_the_servers_observed_request_size():
+    from types import SimpleNamespace
+
+    from proxima.histograms import HistogramSnapshot
+    from proxima.probes import bottleneck
+
+    def server(prompt_sum, output_sum, count):
+        return SimpleNamespace(prompt_tokens_per_request=HistogramSnapshot(count=count, sum=prompt_sum),
+                               generation_tokens_per_request=HistogramSnapshot(count=count, sum=output_sum))
+
+    shape = bottleneck.request_shape(server(50 * 1800.4, 50 * 240.0, 50), max_model_len=4096)
+    assert (shape.prompt_words, shape.output_tokens) == (1800, 240)
+    assert shape.source == "observed: the mean of 50 finished requests"
+    # Room is left for the output within the model's context; outputs are capped to fit a phase.
+    capped = bottleneck.request_shape(server(30 * 4000, 30 * 5000, 30), max_model_len=4096)
+    assert capped.output_tokens == bottleneck.MAX_OUTPUT_TOKENS
+    assert capped.prompt_words == int(0.9 * 4096) - bottleneck.MAX_OUTPUT_TOKENS
+    few = bottleneck.request_shape(server(19 * 900, 19 * 100, 19), max_model_len=None)
+    fixed = (bottleneck.FIXED_PROMPT_WORDS, bottleneck.FIXED_OUTPUT_TOKENS)
+    assert (few.prompt_words, few.output_tokens) == fixed
+    assert few.source.startswith("fixed (19 finished requests")
