@@ -14,6 +14,7 @@ import xml.dom.minidom
 
 import numpy as np
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from proxima.bench import report
@@ -249,7 +250,18 @@ def test_reports_render_and_are_well_formed(tmp_path):
     assert "SLO 2s" in page and "token / block: 4.00x" in page
     assert "KV cache occupancy over time" in page
     tables = report.terminal_tables(result)
-    assert [t.title for t in tables] == ["Concurrency sweep", "Poisson rate sweep"]
+    sweeps = ("Concurrency sweep", "Poisson rate sweep")
+    parts = ("throughput and latency", "memory and client")
+    assert [t.title for t in tables] == [f"{sweep}: {part}" for sweep in sweeps for part in parts]
+    # Each fits a 120-column terminal, level by level the same rows, every judged column shown once.
+    console = Console(width=300, record=True, color_system=None)
+    for table in tables:
+        console.print(table)
+    widths = [len(line.rstrip()) for line in console.export_text().splitlines()]
+    assert 0 < max(widths) <= 120, max(widths)
+    assert tables[0].row_count == tables[1].row_count and tables[0].row_count + tables[2].row_count == 11
+    headers = [c.header.replace("\n", " ") for t in tables[:2] for c in t.columns]
+    assert headers.count("server") == headers.count("level") == 2 and len(headers) == len(set(headers)) + 2
 
 
 def _finished(status: str, e2e: float = 0.1) -> RequestResult:

@@ -49,36 +49,39 @@ def _pm(figure: str, cell, scale: float = 1.0, digits: int = 0):
     return render
 
 
-# (header, cell, in the terminal table): one definition for the terminal and the HTML tables;
-# the terminal keeps the columns an A/B is judged by, the HTML has every percentile.
+SPEED, MEMORY, BOTH = "speed", "memory", "both"
+# (header, cell, terminal table): one definition for the terminal and the HTML tables. The
+# terminal keeps the columns an A/B is judged by, in two tables that each fit 120 columns (SPEED:
+# throughput and latency; MEMORY: what the servers held, and the client); the HTML has every
+# percentile (None: the HTML only).
 COLUMNS = (
-    ("server", lambda lv: lv.server, True),
-    ("level", lambda lv: lv.label, True),
-    ("ok/fail/tmo", lambda lv: f"{lv.completed}/{lv.failed}/{lv.timed_out}", True),
-    ("req/s", _pm("rps", lambda lv: f"{lv.rps:.2f}", digits=2), True),
-    ("out tok/s", _pm("output_tps", lambda lv: f"{lv.output_tps:.0f}"), True),
-    ("total tok/s", lambda lv: f"{lv.total_tps:.0f}", False),
-    ("TTFT p50 ms", lambda lv: _ms(lv.ttft.p50), False),
-    ("TTFT p95 ms", _pm("ttft_p95_s", lambda lv: _ms(lv.ttft.p95), scale=1e3), True),
-    ("TTFT p99 ms", lambda lv: _ms(lv.ttft.p99), False),
-    ("ITL p50 ms", lambda lv: _ms(lv.itl.p50), True),
-    ("ITL p95 ms", lambda lv: _ms(lv.itl.p95), False),
-    ("ITL p99 ms", lambda lv: _ms(lv.itl.p99), False),
-    ("TPOT p50 ms", lambda lv: _ms(lv.tpot.p50), True),
-    ("TPOT p95 ms", lambda lv: _ms(lv.tpot.p95), False),
-    ("TPOT p99 ms", lambda lv: _ms(lv.tpot.p99), False),
-    ("E2E p50 s", _e2e("p50"), True),
-    ("E2E p95 s", _pm("e2e_p95_s", _e2e("p95"), digits=2), True),
-    ("E2E p99 s", _e2e("p99"), True),
-    ("peak running", lambda lv: _num(lv.peak_running), True),
-    ("preempt", lambda lv: _num(lv.preemptions), True),
-    ("prefix hits", lambda lv: _pct(lv.prefix_cache_hit_rate), True),
-    ("peak KV", lambda lv: _pct(lv.peak_kv_usage), True),
-    ("peak frag", lambda lv: _pct(lv.peak_fragmentation), True),
-    ("peak GPU GiB", lambda lv: _gib(lv.peak_gpu_memory_bytes), True),
-    ("client CPU", lambda lv: _pct(lv.client_cpu), True),
-    ("client lag p99 ms", lambda lv: _ms(lv.client_loop_lag_p99_s), False),
-    ("note", lambda lv: lv.aborted or "", True),
+    ("server", lambda lv: lv.server, BOTH),
+    ("level", lambda lv: lv.label, BOTH),
+    ("ok/fail/tmo", lambda lv: f"{lv.completed}/{lv.failed}/{lv.timed_out}", SPEED),
+    ("req/s", _pm("rps", lambda lv: f"{lv.rps:.2f}", digits=2), SPEED),
+    ("out tok/s", _pm("output_tps", lambda lv: f"{lv.output_tps:.0f}"), SPEED),
+    ("total tok/s", lambda lv: f"{lv.total_tps:.0f}", None),
+    ("TTFT p50 ms", lambda lv: _ms(lv.ttft.p50), None),
+    ("TTFT p95 ms", _pm("ttft_p95_s", lambda lv: _ms(lv.ttft.p95), scale=1e3), SPEED),
+    ("TTFT p99 ms", lambda lv: _ms(lv.ttft.p99), None),
+    ("ITL p50 ms", lambda lv: _ms(lv.itl.p50), SPEED),
+    ("ITL p95 ms", lambda lv: _ms(lv.itl.p95), None),
+    ("ITL p99 ms", lambda lv: _ms(lv.itl.p99), None),
+    ("TPOT p50 ms", lambda lv: _ms(lv.tpot.p50), SPEED),
+    ("TPOT p95 ms", lambda lv: _ms(lv.tpot.p95), None),
+    ("TPOT p99 ms", lambda lv: _ms(lv.tpot.p99), None),
+    ("E2E p50 s", _e2e("p50"), SPEED),
+    ("E2E p95 s", _pm("e2e_p95_s", _e2e("p95"), digits=2), SPEED),
+    ("E2E p99 s", _e2e("p99"), SPEED),
+    ("peak running", lambda lv: _num(lv.peak_running), MEMORY),
+    ("preempt", lambda lv: _num(lv.preemptions), MEMORY),
+    ("prefix hits", lambda lv: _pct(lv.prefix_cache_hit_rate), MEMORY),
+    ("peak KV", lambda lv: _pct(lv.peak_kv_usage), MEMORY),
+    ("peak frag", lambda lv: _pct(lv.peak_fragmentation), MEMORY),
+    ("peak GPU GiB", lambda lv: _gib(lv.peak_gpu_memory_bytes), MEMORY),
+    ("client CPU", lambda lv: _pct(lv.client_cpu), MEMORY),
+    ("client lag p99 ms", lambda lv: _ms(lv.client_loop_lag_p99_s), None),
+    ("note", lambda lv: lv.aborted or "", MEMORY),
 )
 TEXT_COLUMNS = ("server", "level", "note")
 
@@ -91,23 +94,26 @@ def _levels(result: BenchResult, kind: str) -> list[LevelResult]:
 
 
 def terminal_tables(result: BenchResult) -> list[Table]:
+    """Per sweep kind, a throughput-and-latency table and a memory-and-client one; levels that
+    break the SLO in red in both."""
     tables = []
     for kind, title in ((CONCURRENCY, "Concurrency sweep"), (RATE, "Poisson rate sweep")):
         rows = _levels(result, kind)
         if not rows:
             continue
-        table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), header_style="bold")
-        shown = [(h, cell) for h, cell, terminal in COLUMNS if terminal]
-        for header, _ in shown:
-            # Two-word headers on two lines: the numbers, not the titles, set the widths.
-            table.add_column(header.replace(" ", "\n", 1) if header not in TEXT_COLUMNS else header,
-                             justify="left" if header in TEXT_COLUMNS else "right",
-                             no_wrap=header not in TEXT_COLUMNS)
-        for lv in rows:
-            failing = lv.slo_failure(result.verdict["slo_p95_e2e_s"], result.verdict["max_error_rate"])
-            # Text, not markup: a label or a server's error message may contain "[...]".
-            table.add_row(*(Text(str(cell(lv))) for _, cell in shown), style="red" if failing else None)
-        tables.append(table)
+        for group, part in ((SPEED, "throughput and latency"), (MEMORY, "memory and client")):
+            table = Table(title=f"{title}: {part}", box=box.SIMPLE_HEAD, padding=(0, 1), header_style="bold")
+            shown = [(h, cell) for h, cell, where in COLUMNS if where in (group, BOTH)]
+            for header, _ in shown:
+                # Two-word headers on two lines: the numbers, not the titles, set the widths.
+                table.add_column(header.replace(" ", "\n", 1) if header not in TEXT_COLUMNS else header,
+                                 justify="left" if header in TEXT_COLUMNS else "right",
+                                 no_wrap=header not in TEXT_COLUMNS)
+            for lv in rows:
+                failing = lv.slo_failure(result.verdict["slo_p95_e2e_s"], result.verdict["max_error_rate"])
+                # Text, not markup: a label or a server's error message may contain "[...]".
+                table.add_row(*(Text(str(cell(lv))) for _, cell in shown), style="red" if failing else None)
+            tables.append(table)
     return tables
 
 
