@@ -1,7 +1,8 @@
 """Bounded, validated reads of a server's HTTP endpoints, for the tools (top, doctor, bench).
 
-Layer: I/O under `proxima.scrape` (`/metrics`), `proxima.load` (completions, whole and streamed),
-`proxima.bench.client` (`/v1/models`, `/tokenize`) and the probes (`/v1/models`, `/version`).
+Layer: I/O under `proxima.scrape` (`/metrics`), `proxima.load` and `proxima.streaming`
+(completions, whole and streamed), `proxima.bench.client` (`/v1/models`, `/tokenize`) and the
+probes (`/v1/models`, `/version`).
 Invariants:
   - every read has a cap on its body (`max_bytes`) and on its total time (`timeout`): httpx's
     timeouts are per operation, so a server that trickles a byte a second would otherwise never

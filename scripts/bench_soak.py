@@ -3,8 +3,8 @@ time; do requests, slots and memory hold, process by process?
 
 Starts the servers on loopback (tiny model, CPU) through `proxima.server_process`, then, for
 each server at once, alternates bursts of mixed traffic with quiet periods until --duration has
-passed. Every request goes through the one load generator (`proxima.load`: `StreamingClient`,
-`LoadDriver.complete`, `run_jobs`); each kind has the outcome it must have:
+passed. Every request goes through the one load generator (`proxima.streaming.StreamingClient`,
+`proxima.load`'s `LoadDriver.complete` and `run_jobs`); each kind has the outcome it must have:
   stream      streamed completion read to [DONE], its token count checked
   complete    whole completion, its token count checked
   disconnect  streamed completion the client drops mid-stream (its deadline is 0.5 s)
@@ -44,12 +44,13 @@ import psutil
 
 from proxima.exposition import Samples
 from proxima.files import write_atomic
-from proxima.load import OK, TIMED_OUT, LoadDriver, RequestResult, StreamingClient, new_http_client, run_jobs
+from proxima.load import LoadDriver, new_http_client, run_jobs
 from proxima.metrics.catalog import Vllm
 from proxima.probes.trend import linear_trend
 from proxima.sampling import Sampler, wait_idle
 from proxima.scrape import scrape
 from proxima.server_process import ManagedServer, ServerSpec
+from proxima.streaming import OK, TIMED_OUT, RequestResult, StreamingClient
 
 SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory-bytes", str(64 << 20),
                "--enforce-eager", "--max-num-seqs", "32")

@@ -29,8 +29,8 @@ from proxima.bench.results import CONCURRENCY
 from proxima.bench.runner import run_bench
 from proxima.bench.sweep import Observer, SweepParams, levels_to_run
 from proxima.cli.main import app
-from proxima.load import OK
 from proxima.scrape import scrape_sync
+from proxima.streaming import OK
 from tests.conftest import SERVER_ARGS
 
 pytestmark = pytest.mark.engine

@@ -33,8 +33,8 @@ from proxima.bench.results import (
 from proxima.bench.results import TimelinePoint as Sample
 from proxima.bench.sweep import SweepParams, _LevelState
 from proxima.cli.main import app
-from proxima.load import FAILED, OK, RequestResult
 from proxima.server_process import free_port
+from proxima.streaming import FAILED, OK, RequestResult
 
 runner = CliRunner()
 

@@ -15,7 +15,7 @@ from proxima.bench.results import CONCURRENCY, RATE
 from proxima.bench.runner import client_notes
 from proxima.bench.sweep import Observer, SweepParams, Target, run_sweep
 from proxima.bench.workers import STREAMS_PER_WORKER, available_cores, client_workers, plan_workers, split
-from proxima.load import OK
+from proxima.streaming import OK
 from tests.fast_standin import FastStandIn
 
 
@@ -119,7 +119,7 @@ def test_an_avalanche_seen_by_the_parent_stops_every_worker_and_loses_nothing():
 def test_records_of_a_worker_that_died_are_failed_with_the_reason_not_lost():
     from proxima.bench.sweep import _LevelState
     from proxima.bench.workers import FINISHED, STARTED, _Merge
-    from proxima.load import FAILED, RequestResult
+    from proxima.streaming import FAILED, RequestResult
 
     async def scenario():
         state = _LevelState(SweepParams(min_samples=100), total=10)

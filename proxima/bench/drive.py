@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Protocol
 
 from proxima.bench.workload import BenchRequest, Workload
-from proxima.load import CANCELLED, OK, RequestResult, StreamingClient, new_http_client
+from proxima.load import new_http_client
+from proxima.streaming import CANCELLED, OK, RequestResult, StreamingClient
 
 # Streams in flight per httpx pool: one pool slows down as it grows. One event loop on 2 shared
 # cores (scripts/bench_client.py --workers 1, with and without --streams-per-pool 256) sent 49 req/s

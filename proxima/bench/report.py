@@ -26,7 +26,7 @@ from proxima.bench.results import CONCURRENCY, RATE, BenchResult, LevelResult, t
 from proxima.bench.sweep import Observer, Target
 from proxima.bench.workload import Workload, write_jsonl
 from proxima.files import write_atomic
-from proxima.load import OK, RequestResult
+from proxima.streaming import OK, RequestResult
 
 # Bench's missing figures are readings not taken here (no NVML, sampling off, a stock server's
 # fragmentation): `fmt.NA`, in the one formatter.

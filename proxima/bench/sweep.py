@@ -27,9 +27,10 @@ from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, Timelin
 from proxima.bench.workers import ClientLoad, client_workers, plan_workers, run_in_workers
 from proxima.bench.workload import Workload
 from proxima.fetch import auth_headers
-from proxima.load import CANCELLED, FAILED, OK, TIMED_OUT, RequestResult, new_http_client
+from proxima.load import new_http_client
 from proxima.sampling import SCRAPE_TIMEOUT_S, Sampler, wait_idle
 from proxima.scrape import ServerSnapshot, scrape
+from proxima.streaming import CANCELLED, FAILED, OK, TIMED_OUT, RequestResult
 
 
 @dataclass(frozen=True, slots=True)

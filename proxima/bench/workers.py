@@ -31,7 +31,7 @@ from proxima.bench.drive import arrival_offsets, closed_loop, open_loop, pooled_
 from proxima.bench.meters import CpuMeter, LoopLagProbe
 from proxima.bench.results import CONCURRENCY, percentile
 from proxima.bench.workload import BenchRequest
-from proxima.load import CANCELLED, FAILED, RequestResult
+from proxima.streaming import CANCELLED, FAILED, RequestResult
 
 # One worker per this many streams in flight (requests/s counted as streams, a request of about a
 # second each), as issue 29 proposes: on the H200 one loop was near its core's limit by c=64. This
