@@ -73,11 +73,13 @@ def test_sweep_agrees_with_the_servers_counters(proxima_server, tmp_path):
             assert lv["peak_in_flight"] == lv["value"]
         assert lv["client_cpu"] > 0
 
-    # Totals against this test's own scrape of the server's counters.
+    # Totals against this test's own scrape of the server's counters: the levels' requests and
+    # the 8 unmeasured warm-up requests (bench's default --warmup) sent before the first level.
+    assert data["config"]["warmup_requests"] == 8 and run["warmup_failed"] == 0
     completed = sum(lv["completed"] for lv in levels)
-    assert after.requests_finished_total - before.requests_finished_total == completed == 24
+    assert after.requests_finished_total - before.requests_finished_total == completed + 8 == 24 + 8
     generated = sum(lv["output_tokens"] for lv in levels)
-    assert after.generation_tokens_total - before.generation_tokens_total == generated
+    assert after.generation_tokens_total - before.generation_tokens_total == generated + 8 * 16
     prompt_total = sum(lv["prompt_tokens"] for lv in levels)
     assert after.prompt_tokens_total - before.prompt_tokens_total == prompt_total
     # The prompt lengths the workload recorded (server /tokenize) are the ones the server saw.
@@ -194,6 +196,7 @@ def test_check_answers_finds_the_float32_servers_answer_alike(launched_ab, tmp_p
     assert (check["reference"], check["test"], check["num_prompts"]) == ("block", "token", 120)
     assert (check["identical"], check["near_ties"], check["differ"], check["failed"]) == (120, 0, 0, 0)
     assert check["kv_dtypes"] == ["auto", "auto"] and not check["expected_to_differ"]
+    assert check["examples"] == []
     assert "answers, token against block: 120/120 greedy answers identical" in " ".join(result.notes)
     assert json.loads(result.to_json())["answer_check"] == result.answer_check
 
@@ -226,7 +229,7 @@ def test_an_interrupted_bench_writes_the_levels_that_finished(proxima_server, tm
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxima.cli.main", "bench", "--url", proxima_server.url, "-c", "1,2",
          "-n", "4", "--prompt-tokens", "10-30", "--max-tokens", "800", "--sample-interval", "0",
-         "--out", str(out)],
+         "--warmup", "0", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

@@ -29,6 +29,7 @@ from proxima.load import LoadDriver, make_prompt, new_http_client
 from proxima.scrape import ServerSnapshot, kv_capacity_tokens, scrape_sync
 
 WARMUP_CONCURRENCY = 8
+WARMUP_MAX_TOKENS = 32
 WARMUP_PROMPT_BASE = 900_000  # far from any workload's prompt indices
 
 
@@ -228,10 +229,12 @@ def _result(plan: BenchPlan, runs: list[ServerRun], work: wl.Workload,
 
 
 async def _warm_up(target: Target, work: wl.Workload, count: int, params: SweepParams) -> int:
-    """`count` requests shaped as the workload's first (prompt length in words, max_tokens) with prompts
-    of their own (so nothing measured later finds them cached); how many failed."""
+    """`count` requests with the prompt length of the workload's first (in words) and at most
+    `WARMUP_MAX_TOKENS` out (what is cold is the first prefill and decode steps, not a long answer),
+    prompts of their own (so nothing measured later finds them cached); how many failed."""
     first = work.requests[0]
-    requests = [(make_prompt(WARMUP_PROMPT_BASE + i, len(first.prompt.split())), first.max_tokens)
+    max_tokens = min(first.max_tokens, WARMUP_MAX_TOKENS)
+    requests = [(make_prompt(WARMUP_PROMPT_BASE + i, len(first.prompt.split())), max_tokens)
                 for i in range(count)]
     async with new_http_client(params.request_timeout_s, params.api_key) as http:
         done = await LoadDriver(http, target.url, target.model).each_once(
@@ -251,7 +254,9 @@ def _answer_notes(result: BenchResult, runs: list[ServerRun], answers: dict[str,
     ref = answered[0]
     checks = [compare(ref.label, answers[ref.label], run.label, answers[run.label],
                       (ref.kv_cache_dtype, run.kv_cache_dtype)) for run in answered[1:]]
-    result.answer_check = [asdict(c) | {"expected_to_differ": c.expected_to_differ} for c in checks]
+    # Lists, not tuples: the record reads the same before and after a JSON round trip.
+    result.answer_check = [asdict(c) | {"kv_dtypes": list(c.kv_dtypes), "examples": list(c.examples),
+                                        "expected_to_differ": c.expected_to_differ} for c in checks]
     return [c.describe() for c in checks]
 
 

@@ -86,8 +86,9 @@ def bench(
         1, "--repeat", help="Run each level this many times: means with 95% intervals; servers whose "
         "intervals overlap are called tied."),
     warmup: int = typer.Option(
-        8, "--warmup", help="Unmeasured requests (the workload's shape, prompts of their own) each server "
-        "gets before its first level, so no level measures a cold start (0: none)."),
+        8, "--warmup", help="Unmeasured requests (the workload's prompt length, at most 32 tokens out, "
+        "prompts of their own) each server gets before its first level, so no level measures a cold "
+        "start (0: none)."),
     check_answers: bool = typer.Option(
         False, "--check-answers",
         help="Before each server's sweep, send it 120 fixed greedy prompts; report how many answers the "
