@@ -81,7 +81,9 @@ def test_sweep_agrees_with_the_servers_counters(proxima_server, tmp_path):
     generated = sum(lv["output_tokens"] for lv in levels)
     assert after.generation_tokens_total - before.generation_tokens_total == generated + 8 * 16
     prompt_total = sum(lv["prompt_tokens"] for lv in levels)
-    assert after.prompt_tokens_total - before.prompt_tokens_total == prompt_total
+    warmup_prompts = run["warmup_prompt_tokens"]
+    assert warmup_prompts > 0
+    assert after.prompt_tokens_total - before.prompt_tokens_total == prompt_total + warmup_prompts
     # The prompt lengths the workload recorded (server /tokenize) are the ones the server saw.
     assert sum(r["prompt_tokens"] for r in sent) == prompt_total
     assert all(20 <= r["prompt_tokens"] <= 60 and r["max_tokens"] == 16 for r in sent)

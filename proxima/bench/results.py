@@ -160,6 +160,7 @@ class ServerRun:
     metrics_error: str | None = None  # why its /metrics could not be used, when it could not
     kv_cache_dtype: str | None = None  # vLLM's --kv-cache-dtype as the server reports it
     warmup_failed: int = 0  # warm-up requests that failed (none measured)
+    warmup_prompt_tokens: int = 0  # what the warm-up cost the server in prompt tokens (its usage)
 
     def levels_of(self, kind: str) -> list[LevelResult]:
         return sorted((lv for lv in self.levels if lv.kind == kind), key=lambda lv: lv.value)

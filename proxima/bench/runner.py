@@ -25,7 +25,7 @@ from proxima.bench.sweep import Observer, SweepParams, Target, run_interleaved, 
 from proxima.bench.workers import available_cores
 from proxima.fetch import auth_headers
 from proxima.hosts import is_this_host
-from proxima.load import LoadDriver, make_prompt, new_http_client
+from proxima.load import Completion, LoadDriver, make_prompt, new_http_client
 from proxima.scrape import ServerSnapshot, kv_capacity_tokens, scrape_sync
 
 WARMUP_CONCURRENCY = 8
@@ -153,7 +153,9 @@ def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, ru
     for target, run in pairs:
         if plan.warmup:
             observer.event(f"{run.label}: {plan.warmup} warm-up requests (not measured)")
-            run.warmup_failed = asyncio.run(_warm_up(target, work, plan.warmup, plan.params))
+            done = asyncio.run(_warm_up(target, work, plan.warmup, plan.params))
+            run.warmup_failed = sum(not c.ok for c in done)
+            run.warmup_prompt_tokens = sum(c.prompt_tokens for c in done)
     if plan.interleave and len(pairs) > 1:
         outcomes = asyncio.run(run_interleaved(targets, work, plan.levels, plan.params, observer,
                                                [run.levels for _, run in pairs]))
@@ -228,18 +230,17 @@ def _result(plan: BenchPlan, runs: list[ServerRun], work: wl.Workload,
     return result
 
 
-async def _warm_up(target: Target, work: wl.Workload, count: int, params: SweepParams) -> int:
+async def _warm_up(target: Target, work: wl.Workload, count: int, params: SweepParams) -> list[Completion]:
     """`count` requests with the prompt length of the workload's first (in words) and at most
     `WARMUP_MAX_TOKENS` out (what is cold is the first prefill and decode steps, not a long answer),
-    prompts of their own (so nothing measured later finds them cached); how many failed."""
+    prompts of their own (so nothing measured later finds them cached)."""
     first = work.requests[0]
     max_tokens = min(first.max_tokens, WARMUP_MAX_TOKENS)
     requests = [(make_prompt(WARMUP_PROMPT_BASE + i, len(first.prompt.split())), max_tokens)
                 for i in range(count)]
     async with new_http_client(params.request_timeout_s, params.api_key) as http:
-        done = await LoadDriver(http, target.url, target.model).each_once(
+        return await LoadDriver(http, target.url, target.model).each_once(
             requests, min(count, WARMUP_CONCURRENCY), timeout=params.request_timeout_s)
-    return sum(not c.ok for c in done)
 
 
 def _answer_notes(result: BenchResult, runs: list[ServerRun], answers: dict[str, list]) -> list[str]:
