@@ -108,6 +108,12 @@ def assemble(measurements: Mapping[str, EngineMeasurement]) -> AccuracyReport:
     return AccuracyReport(configs=configs, comparisons=tuple(comparisons))
 
 
+def check_measurement(m: EngineMeasurement) -> None:
+    """ValueError naming what is wrong when one engine's prompt logprobs cannot be scored (NaN,
+    positive, malformed): that engine failed, and the others' figures still stand."""
+    _positions(m)
+
+
 def _positions(m: EngineMeasurement) -> list[list[PositionLogprobs]]:
     return [from_vllm(p.prompt_token_ids.tolist(), p.positions()) for p in m.passages]
 

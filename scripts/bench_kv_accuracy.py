@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from proxima.accuracy_engines import RunParams, configurations, engine_spec, measure
-from proxima.accuracy_report import assemble, render_table, to_json, write_json
+from proxima.accuracy_report import assemble, check_measurement, render_table, to_json, write_json
 from proxima.harness import EngineProcessError, run_isolated
 
 logger = logging.getLogger("bench_kv_accuracy")
@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prompt logprobs a position (vLLM's --max-logprobs is set to it)")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=DEFAULTS['kv_cache_memory_bytes'],
                    help="every engine's KV budget (large enough that no dtype changes the schedule)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULTS['max_num_batched_tokens'],
+                   help="every engine's step budget, so its longest prefill chunk (stock vLLM's CPU fp8 KV "
+                   "fails above 320 with a bf16 model: docs/benchmarks.md)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA when torch sees a GPU (vLLM picks it either way; this chooses "
                         "the configurations and flags)")
@@ -78,7 +81,7 @@ def run_params(args: argparse.Namespace, cuda: bool) -> RunParams:
             sizes[field] = value
     return RunParams(model=str(args.model), model_dtype=args.dtype, top_logprobs=args.top_logprobs,
                      kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                     cuda=cuda, **sizes)
+                     max_num_batched_tokens=args.max_num_batched_tokens, cuda=cuda, **sizes)
 
 
 def cuda_available(device: str) -> bool:
@@ -116,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         except EngineProcessError as err:
             logger.error("%s failed: %s", config.name, str(err)[-2000:])
             failures[config.name] = str(err)[-4000:]
+            continue
+        try:
+            check_measurement(m)
+        except ValueError as err:
+            # Seen: stock CPU fp8 KV with 384-512-token prefill chunks (NaN logprobs, or a crash).
+            logger.error("%s returned prompt logprobs that cannot be scored: %s", config.name, err)
+            failures[config.name] = f"prompt logprobs that cannot be scored: {err}"
             continue
         measurements[config.name] = m
         logger.info("%s: start %.0f s, passages %.0f s, chats %.0f s; %s KV bytes a token", config.name,

@@ -23,7 +23,14 @@ from proxima.accuracy_engines import (
     configurations,
     engine_spec,
 )
-from proxima.accuracy_report import assemble, render_table, to_json, wanted_comparisons, write_json
+from proxima.accuracy_report import (
+    assemble,
+    check_measurement,
+    render_table,
+    to_json,
+    wanted_comparisons,
+    write_json,
+)
 from proxima.harness.engine import engine_command
 from proxima.serve_command import build_serve_command
 
@@ -159,6 +166,32 @@ def test_assemble_refuses_runs_over_different_text():
     b = dataclasses.replace(_measurement("stock-auto", 0.8, [[1]]), passages=[other])
     with pytest.raises(ValueError, match="not the same token sequence"):
         assemble({"proxima-auto": a, "stock-auto": b})
+
+
+def test_an_engine_with_nan_logprobs_fails_alone(tmp_path, monkeypatch):
+    """One engine answering NaN prompt logprobs (stock CPU fp8 KV did, at 448-token prefill chunks) is
+    that engine's failure, named; the run goes on, and the others' figures are reported."""
+    good = _measurement("stock-auto", 0.8, [[1]])
+    bad = _measurement("stock-fp8", 0.8, [[1]])
+    first = bad.passages[0]
+    nan_logprobs = first.logprobs.copy()
+    nan_logprobs[0] = np.nan
+    bad = dataclasses.replace(bad, passages=[dataclasses.replace(first, logprobs=nan_logprobs)])
+    with pytest.raises(ValueError, match="not a log probability: nan"):
+        check_measurement(bad)
+    check_measurement(good)
+    script = _script()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    runs = {"stock-auto": good, "stock-fp8": bad}
+    monkeypatch.setattr(script, "run_isolated", lambda measure, config, *a, **k: runs[config.name])
+    out = tmp_path / "run.json"
+    assert script.main(["--model", str(model), "--device", "cpu", "--configs", "stock-fp8",
+                        "--json", str(out)]) == 1
+    record = json.loads(out.read_text())
+    assert list(record["configs"]) == ["stock-auto"] and record["complete"]
+    assert "not a log probability: nan" in record["failures"]["stock-fp8"]
 
 
 def test_script_parses_help_and_sizes_a_quick_run(capsys):
