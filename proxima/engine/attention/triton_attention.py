@@ -83,6 +83,7 @@ from proxima.engine.attention.triton_dense_kv import (
 )
 from proxima.engine.attention.triton_int4 import _attend_int4_tiles, _rotate_queries, _unrotate
 from proxima.engine.attention.triton_merge_splits import UNSPECIALIZED, merge_launch
+from proxima.engine.attention.triton_softmax import _online_softmax_step
 
 _LOG2_E = 1.4426950408889634
 
@@ -133,12 +134,7 @@ def _attend_kv_tiles(
             s = s * (k_scale * qk_scale)[None, :]
         visible = n_ok[None, :] & (offs_n[None, :] <= q_abs_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # Rows that have seen nothing yet (padding rows) keep m = -inf; subtract 0 there, not -inf.
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_new = _online_softmax_step(s, m_i, l_i)
         v = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_d[None, :],
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
         if KV_CODES != 0:  # l_i took P unscaled above: P's columns carry V's scales from here on

@@ -14,6 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from proxima.engine.attention.planning import head_size_pad
+from proxima.engine.attention.triton_softmax import _online_softmax_step
 
 
 @triton.jit
@@ -52,11 +53,7 @@ def _attend_dense_kv_tiles(
             offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             s = tl.where(offs_n[None, :] <= q_abs_pos[:, None], s, float("-inf"))
             v = tl.where((offs_n < num_keys)[:, None], v, 0.0).to(DOT_DTYPE)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_new = _online_softmax_step(s, m_i, l_i)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i

@@ -15,6 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from proxima.engine.attention.triton_softmax import _online_softmax_step
+
 
 @triton.jit
 def _attend_int4_tiles(
@@ -55,12 +57,7 @@ def _attend_int4_tiles(
         s = s * ((k_bits & -16).to(tl.float32, bitcast=True) * qk_scale)[None, :]
         visible = n_ok[None, :] & (offs_n[None, :] <= q_abs_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # Rows that have seen nothing yet (padding rows) keep m = -inf; subtract 0 there, not -inf.
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)  # before V's scales join P's columns
+        p, alpha, l_i, m_new = _online_softmax_step(s, m_i, l_i)  # l: P before V's scales
         p = (p * (v_bits & -16).to(tl.float32, bitcast=True)[None, :]).to(DOT_DTYPE)
         v = _nibbles(v_words, shift, DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
