@@ -92,6 +92,47 @@ def test_duplicates_computed_in_flight_stay_private_then_are_freed():
     assert cache.num_cached == len(a)
 
 
+def test_under_block_figures_duplicates_are_kept_as_spares_counted_like_a_branch_evicted_first():
+    """What a block cache does with a block it computed twice: it keeps both (docs/security.md)."""
+    cache = TokenSlotCache(200, caching=True, check_invariants=True, keep_duplicates=True, evict_chunk=1)
+    a = SYSTEM + [1]  # 38 tokens
+    cache.allocate("a", 10, None, namespace=NS)
+    cache.cache("a", a, 10)
+    admit(cache, "b", a)
+    cache.allocate("a", len(a))
+    cache.cache("a", a, len(a))  # positions 10..37 computed twice
+    cache.release("a", a, len(a))
+    cache.release("b", a, len(a))
+    assert cache.num_spare == 28 and cache.num_cached == 38 + 28
+    # As a branch [10, 38) would count: the boundaries at 16 and 32.
+    assert cache.num_spare_blocks == 32 and cache.num_cached_in_blocks == 32 + 32
+    assert cache.num_referenced == 0 and cache.num_referenced_in_blocks == 0
+    assert cache.allocate("x", 200 - 66 + 7, None, namespace=NS) is not None  # evicts 7 slots
+    assert cache.num_spare == 21 and cache.lookup(NS, np.array(a)).num_tokens == 38  # the tree kept
+    # The spare now spans [10, 31): it lost the boundary at 32.
+    assert cache.counters.evicted_tokens == 7 and cache.counters.evicted_block_slots == 16
+    cache.release("x", [], 0)
+    assert cache.reset() and cache.allocator.num_free == 200 and cache.num_spare == 0
+
+
+def test_block_figures_count_each_request_by_its_own_slots_whatever_it_shares():
+    """A 30-token request whose last token does or does not repeat a cached sequence's 30th: its
+    hit is 29 either way, but one last token is a duplicate (it stays private, off the tree) and
+    the other a branch. Block figures read the same for both, while it runs and after."""
+    seen = []
+    for last in (129, 7):
+        cache = TokenSlotCache(200, caching=True, check_invariants=True, keep_duplicates=True)
+        v = list(range(100, 140))
+        admit(cache, "v", v)
+        cache.release("v", v, len(v))
+        probe = v[:29] + [last]
+        assert admit(cache, "p", probe).num_tokens == 29
+        running = (cache.num_referenced_in_blocks, cache.num_cached_in_blocks)
+        cache.release("p", probe, len(probe))
+        seen.append((cache.num_in_tree("p"), running, cache.num_cached_in_blocks))
+    assert seen[0][1:] == seen[1][1:] == ((30, 16), 32)
+
+
 def test_preempted_in_the_step_it_was_scheduled_uncaches_what_it_did_not_compute():
     cache = TokenSlotCache(200, caching=True, check_invariants=True)
     tokens = SYSTEM + [1]
@@ -173,9 +214,10 @@ PREFIXES = [[], SYSTEM[:5], SYSTEM, SYSTEM + [7, 7, 7]]
 
 
 class CacheMachine(RuleBasedStateMachine):
-    @initialize(num_slots=st.integers(40, 300))
-    def start(self, num_slots):
-        self.cache = TokenSlotCache(num_slots, caching=True, check_invariants=True)
+    @initialize(num_slots=st.integers(40, 300), keep_duplicates=st.booleans())
+    def start(self, num_slots, keep_duplicates):
+        self.cache = TokenSlotCache(num_slots, caching=True, check_invariants=True,
+                                    keep_duplicates=keep_duplicates)
         self.tokens: dict[str, list[int]] = {}
         self.computed: dict[str, int] = {}
         self.next_id = 0

@@ -153,7 +153,7 @@ class SlotKVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.cache = TokenSlotCache(
             kv_cache_config.num_blocks, caching=caching, reference_block=REFERENCE_BLOCK_SIZE,
-            check_invariants=os.environ.get(CHECK_ENV) == "1",
+            check_invariants=os.environ.get(CHECK_ENV) == "1", keep_duplicates=not exact_figures,
         )
         self.allocator = self.cache.allocator
         self.table = self.cache.table
@@ -185,8 +185,7 @@ class SlotKVCacheManager:
         cache = self.cache
         if self.exact_figures:
             return cache.num_referenced / cache.num_slots
-        tree = cache.tree
-        return min(1.0, (cache.num_referenced - tree.num_locked + tree.num_locked_blocks) / cache.num_slots)
+        return min(1.0, cache.num_referenced_in_blocks / cache.num_slots)
 
     def disclosed(self, num_tokens: int) -> int:
         """A count of prefix-hit tokens as clients may read it: whole reference blocks unless exact."""
@@ -296,7 +295,15 @@ class SlotKVCacheManager:
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens of the request the cache holds now (vLLM reports the growth as "cache creation")."""
-        return self.disclosed(self.cache.num_in_tree(request.request_id))
+        if self.exact_figures:
+            return self.cache.num_in_tree(request.request_id)
+        # A block cache counts every full block the request computed, its duplicates of blocks
+        # already cached too; the tree holds one copy, and which tokens it already held is not
+        # for clients to learn.
+        if not self.cache.caching or _namespace(request) is None:
+            return 0
+        computed = min(request.num_computed_tokens, request.num_tokens, _cacheable_length(request))
+        return self.disclosed(computed)
 
     # -- prefix cache control -----------------------------------------------------------------
 

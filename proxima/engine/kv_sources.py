@@ -124,10 +124,10 @@ class SlotKVSource:
         if not self.exact:
             # Slots allocated to tokens not yet computed (the waste) are each request's own.
             waste_slots = max(0, used - live_tokens)
-            used = min(cache.num_slots, used - tree.num_locked + tree.num_locked_blocks)
+            used = min(cache.num_slots, cache.num_referenced_in_blocks)
             return KVStats(
                 **figures, slots_used=used, live_tokens=max(0, used - waste_slots),
-                slots_cached=min(cache.num_slots - used, tree.num_evictable_blocks),
+                slots_cached=min(cache.num_slots - used, cache.num_cached_in_blocks),
                 prefix=PrefixCacheTotals(counters.hit_tokens_in_blocks, None, counters.evicted_block_slots),
                 occupancy=None, largest_free_run=None, exact=False,
             )

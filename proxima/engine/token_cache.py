@@ -20,12 +20,19 @@ step is writing is never swapped under it. At release, the computed tokens (prom
 join the tree, duplicates of what the tree holds are freed, the path is unlocked, and what was
 never computed is freed.
 
+Figures in whole blocks (`keep_duplicates`, docs/security.md): whether a request's tokens
+duplicate what the tree holds is token-exact knowledge of other requests' tokens. A block cache
+keeps such duplicates (each request computes and caches its own blocks), so under block figures
+the duplicates a release would free are kept instead as spare runs: cached like a branch of the
+tree, counted like one, and evicted before anything the tree holds.
+
 Error contract: `allocate` returns None, changing nothing, when the slots do not fit even after
 evicting every cached slot; releasing an unknown request is a no-op.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -74,7 +81,8 @@ class CacheCounters:
 
 class TokenSlotCache:
     def __init__(self, num_slots: int, caching: bool, reference_block: int = 16,
-                 check_invariants: bool = False, evict_chunk: int = EVICT_CHUNK) -> None:
+                 check_invariants: bool = False, evict_chunk: int = EVICT_CHUNK,
+                 keep_duplicates: bool = False) -> None:
         self.allocator = SlotAllocator(num_slots, check_invariants=check_invariants)
         self.table = RequestSlotTable()
         self.tree = RadixTree(reference_block)
@@ -83,7 +91,14 @@ class TokenSlotCache:
         self.check_invariants = check_invariants
         self.counters = CacheCounters()
         self.evict_chunk = evict_chunk
+        self.keep_duplicates = keep_duplicates
         self._paths: dict[str, _Path] = {}
+        # Spare runs (keep_duplicates): (slots, position of the first), oldest first.
+        self._spares: deque[tuple[np.ndarray, int]] = deque()
+        self.num_spare = 0
+        self.num_spare_blocks = 0
+        # Sum over requests of num_in_tree % reference_block: the partial block at each path's end.
+        self.path_remainders = 0
 
     # -- sizes ----------------------------------------------------------------------------------
 
@@ -94,17 +109,31 @@ class TokenSlotCache:
     @property
     def num_cached(self) -> int:
         """Slots holding cache entries no request references (reusable, evictable)."""
-        return self.tree.num_evictable
+        return self.tree.num_evictable + self.num_spare
 
     @property
     def num_referenced(self) -> int:
         """Slots some live request references, each counted once however many share it."""
-        return self.allocator.num_used - self.tree.num_evictable
+        return self.allocator.num_used - self.num_cached
 
     @property
     def num_available(self) -> int:
         """Slots an allocation may take: free ones and cached ones it may evict."""
-        return self.allocator.num_free + self.tree.num_evictable
+        return self.allocator.num_free + self.num_cached
+
+    @property
+    def num_referenced_in_blocks(self) -> int:
+        """`num_referenced` as block figures count it: locked tree slots by the block boundaries
+        their nodes cross, plus each request's own slots and the partial block its path ends in.
+        Per request that is its slot count, whatever length of it is shared (the sharing shows
+        only through the boundaries of shared nodes): the exact shared length does not leak."""
+        tree = self.tree
+        return self.num_referenced - tree.num_locked + tree.num_locked_blocks + self.path_remainders
+
+    @property
+    def num_cached_in_blocks(self) -> int:
+        """`num_cached` as block figures count it: tree nodes and spare runs by block boundaries."""
+        return self.tree.num_evictable_blocks + self.num_spare_blocks
 
     def can_fit(self, num_slots: int, reserve: int = 0) -> bool:
         return num_slots + reserve <= self.num_available
@@ -148,6 +177,7 @@ class TokenSlotCache:
         if path is None:
             if locked:
                 self._paths[request_id] = _Path(hit.namespace, hit.node, hit.num_tokens)
+                self.path_remainders += hit.num_tokens % self.reference_block
                 self.table.append(request_id, hit.slots)
                 self.counters.hit_tokens += hit.num_tokens
                 self.counters.hit_tokens_beyond_blocks += hit.num_tokens % self.reference_block
@@ -179,6 +209,8 @@ class TokenSlotCache:
         # The new leaf is the request's: move its lock from the old end to the new one.
         self.tree.lock(node)
         self.tree.unlock(path.node)
+        rb = self.reference_block
+        self.path_remainders += end % rb - path.num_in_tree % rb
         path.node, path.num_in_tree = node, end
 
     # -- release --------------------------------------------------------------------------------
@@ -193,12 +225,17 @@ class TokenSlotCache:
         if path is None:
             self.allocator.free(slots)
             return
+        self.path_remainders -= path.num_in_tree % self.reference_block
         keep = min(num_computed, slots.size) if path.namespace is not None else 0
         to_free = [slots[max(keep, path.num_in_tree):]]
         if keep > path.num_in_tree:
             run = np.asarray(tokens[path.num_in_tree:keep], dtype=TOKEN_DTYPE)
             _, present = self.tree.insert(path.node, run, slots[path.num_in_tree:keep])
-            to_free.append(slots[path.num_in_tree:path.num_in_tree + present])
+            duplicates = slots[path.num_in_tree:path.num_in_tree + present]
+            if present and self.keep_duplicates:
+                self._add_spare(duplicates.copy(), path.num_in_tree)
+            else:
+                to_free.append(duplicates)
         self.tree.unlock(path.node)
         if keep < path.num_in_tree:
             # Scheduled tokens that will not be computed (preempted in the step that cached them):
@@ -214,14 +251,23 @@ class TokenSlotCache:
         """Drop every cached entry; refused (False) while any request holds slots, as in vLLM."""
         if len(self.table):
             return False
-        self.allocator.free(self.tree.evict_all())
+        spares = [run for run, _ in self._spares]
+        self._spares.clear()
+        self.num_spare = self.num_spare_blocks = 0
+        self.allocator.free(np.concatenate([self.tree.evict_all(), *spares]))
         return True
 
     def evict_slots(self, slots: set[int]) -> None:
+        doomed = [s for s in self._spares if not slots.isdisjoint(s[0].tolist())]
+        if doomed:  # moved to the front, then dropped
+            self._spares = deque(doomed + [s for s in self._spares if slots.isdisjoint(s[0].tolist())])
+            self._drop_spares(len(doomed))
         self._count_evicted(self.tree.evict_slots, slots)
 
     def _evict(self, num_slots: int) -> None:
-        self._count_evicted(self.tree.evict, num_slots)
+        num_slots -= self._drop_spares(len(self._spares), num_slots)
+        if num_slots > 0:
+            self._count_evicted(self.tree.evict, num_slots)
 
     def _count_evicted(self, evict, arg) -> None:
         blocks = self.tree.num_evictable_blocks
@@ -229,6 +275,35 @@ class TokenSlotCache:
         self.counters.evicted_tokens += freed.size
         self.counters.evicted_block_slots += blocks - self.tree.num_evictable_blocks
         self.allocator.free(freed)
+
+    def _spare_blocks(self, start: int, size: int) -> int:
+        rb = self.reference_block
+        return ((start + size) // rb - start // rb) * rb
+
+    def _add_spare(self, slots: np.ndarray, start: int) -> None:
+        """Keep duplicates of tree tokens at positions [start, start + len) as a spare run."""
+        self._spares.append((slots, start))
+        self.num_spare += slots.size
+        self.num_spare_blocks += self._spare_blocks(start, slots.size)
+
+    def _drop_spares(self, max_runs: int, num_slots: int | None = None) -> int:
+        """Free the oldest spare runs: `max_runs` of them, or only until `num_slots` are freed
+        (the last one trimmed from its end, as the tree trims a leaf). Returns the slots freed."""
+        freed = 0
+        while self._spares and max_runs > 0 and (num_slots is None or freed < num_slots):
+            run, start = self._spares.popleft()
+            max_runs -= 1
+            drop = run.size if num_slots is None else min(run.size, num_slots - freed)
+            blocks = self._spare_blocks(start, run.size) - self._spare_blocks(start, run.size - drop)
+            if drop < run.size:
+                self._spares.appendleft((run[: run.size - drop], start))
+            freed += drop
+            self.num_spare -= drop
+            self.num_spare_blocks -= blocks
+            self.counters.evicted_tokens += drop
+            self.counters.evicted_block_slots += blocks
+            self.allocator.free(run[run.size - drop:])
+        return freed
 
     def num_in_tree(self, request_id: str) -> int:
         path = self._paths.get(request_id)
@@ -242,7 +317,11 @@ class TokenSlotCache:
         self.tree.assert_consistent()
         tree_slots = self.tree.all_slots()
         private = [self.table.slots_of(rid)[p.num_in_tree:] for rid, p in self._paths.items()]
-        owned = np.concatenate([tree_slots, *private]) if private else tree_slots
+        spares = [run for run, _ in self._spares]
+        owned = np.concatenate([tree_slots, *private, *spares])
+        assert self.num_spare == sum(run.size for run in spares)
+        assert self.num_spare_blocks == sum(self._spare_blocks(start, r.size) for r, start in self._spares)
+        assert self.path_remainders == sum(p.num_in_tree % self.reference_block for p in self._paths.values())
         assert np.unique(owned).size == owned.size, "a slot is owned twice"
         assert owned.size == self.allocator.num_used, (owned.size, self.allocator.num_used)
         assert self.allocator.in_use[owned].all(), "an owned slot is free in the allocator"
