@@ -7,7 +7,7 @@ Stock vLLM with its defaults (FlashAttention 3, block 16, prefix caching on) and
 workload and report under OUT/bench-WORKLOAD; the server logs go to OUT/logs.
 
 usage: python3 scripts/gpu/prefix_bench.py MODEL_DIR OUT [--workloads shared-prefix,multi-turn]
-       [-c 32,128] [-n 160] [--kv-cache-dtype auto] [--proxima-first | --solo]
+       [-c 32,128] [-n 160] [--repeat 1] [--kv-cache-dtype auto] [--proxima-first | --solo]
 (after `.gpu-bundle/device.sh install && source /tmp/gpu-env`; scripts/gpu/run.sh prefix runs it)
 """
 
@@ -30,6 +30,7 @@ def main() -> int:
     p.add_argument("--workloads", default="shared-prefix,multi-turn")
     p.add_argument("-c", "--concurrency", default="32,128")
     p.add_argument("-n", "--requests", default="160")
+    p.add_argument("--repeat", default="1", help="runs of each level (bench's --repeat: 95%% intervals)")
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--proxima-first", action="store_true",
                    help="proxima as A: its levels run first (to tell ordering effects from engines)")
@@ -60,7 +61,8 @@ def main() -> int:
         for workload in args.workloads.split(","):
             cmd = ["proxima", "bench", "--a", url_a, "--b", url_b, "--label-a", label_a,
                    "--label-b", label_b, "--workload", workload, "-c", args.concurrency,
-                   "-n", args.requests, "--slo-p95", "20", "--out", str(args.out / f"bench-{workload}")]
+                   "-n", args.requests, "--repeat", args.repeat, "--slo-p95", "20",
+                   "--out", str(args.out / f"bench-{workload}")]
             print("$", " ".join(cmd), flush=True)
             failed |= subprocess.run(cmd, check=False).returncode
         return failed
@@ -77,8 +79,8 @@ def _solo(servers: list[ManagedServer], args: argparse.Namespace) -> int:
             server.wait_ready(timeout=900)
             for workload in args.workloads.split(","):
                 cmd = ["proxima", "bench", "--url", server.url, "--workload", workload,
-                       "-c", args.concurrency, "-n", args.requests, "--slo-p95", "20",
-                       "--out", str(args.out / f"bench-{workload}-{label}")]
+                       "-c", args.concurrency, "-n", args.requests, "--repeat", args.repeat,
+                       "--slo-p95", "20", "--out", str(args.out / f"bench-{workload}-{label}")]
                 print("$", " ".join(cmd), flush=True)
                 failed |= subprocess.run(cmd, check=False).returncode
         finally:
