@@ -69,26 +69,86 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def memory_by_process(pid: int) -> tuple[dict[str, int], dict[str, int]]:
-    """Resident bytes (RSS) and unique bytes (USS: pages no other process shares, so a library
-    paged in once does not count) of each process of a server's tree, by role (vLLM titles its
-    processes)."""
+def _role(proc: psutil.Process) -> str:
+    title = " ".join(proc.cmdline())  # vLLM titles its processes
+    return ("supervisor" if "proxima.cli.main" in title else
+            "api_server" if "api_server" in title else
+            "engine_core" if "EngineCore" in title else
+            "worker" if "Worker" in title else
+            "resource_tracker" if "resource_tracker" in title else proc.name())
+
+
+def _anonymous_bytes(pid: int) -> int:
+    """Resident anonymous memory (heaps, arenas, tensors), from smaps_rollup: what grows when a
+    process allocates, as opposed to files and libraries it maps."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def memory_by_process(pid: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Resident bytes (RSS), unique bytes (USS: pages no other process shares, so a library
+    paged in once does not count) and anonymous resident bytes of each process of a server's
+    tree, by role."""
     rss: dict[str, int] = {}
     uss: dict[str, int] = {}
+    anon: dict[str, int] = {}
     for proc in _tree(pid):
         try:
-            title = " ".join(proc.cmdline())
-            role = ("supervisor" if "proxima.cli.main" in title else
-                    "api_server" if "api_server" in title else
-                    "engine_core" if "EngineCore" in title else
-                    "worker" if "Worker" in title else
-                    "resource_tracker" if "resource_tracker" in title else proc.name())
+            role = _role(proc)
             info = proc.memory_full_info()
             rss[role] = rss.get(role, 0) + info.rss
             uss[role] = uss.get(role, 0) + info.uss
+            anon[role] = anon.get(role, 0) + _anonymous_bytes(proc.pid)
         except psutil.Error:
             pass
-    return rss, uss
+    return rss, uss, anon
+
+
+def heap_report(pid: int, log: Path) -> dict[str, dict]:
+    """glibc's own account of the heap of the engine core and worker (`malloc_stats()`, called
+    through gdb after the run; it prints to the process's stderr, the server log): bytes malloc
+    holds from the system and bytes in use by the program. A heap whose free bytes (system less
+    in use) make up the RSS growth is memory malloc keeps after frees (fragmentation), not a leak.
+    Attaching pauses the process and may interrupt a system call in it: for the end of a run only."""
+    import re
+    import shutil
+    import subprocess
+
+    out: dict[str, dict] = {}
+    gdb = shutil.which("gdb")
+    for proc in _tree(pid):
+        try:
+            role = _role(proc)
+        except psutil.Error:
+            continue
+        if role not in ("engine_core", "worker") or gdb is None:
+            continue
+        before = log.stat().st_size
+        try:
+            subprocess.run([gdb, "-p", str(proc.pid), "-batch", "-ex", "call (void)malloc_stats()"],
+                           capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as err:
+            out[role] = {"error": str(err)}
+            continue
+        time.sleep(0.5)
+        with log.open("rb") as f:
+            f.seek(before)
+            text = f.read().decode(errors="replace")
+        arenas = re.findall(r"Arena \d+:\s*system bytes\s*=\s*(\d+)\s*in use bytes\s*=\s*(\d+)", text)
+        total = re.search(r"Total \(incl\. mmap\):\s*system bytes\s*=\s*(\d+)\s*in use bytes\s*=\s*(\d+)",
+                          text)
+        mmap = re.search(r"max mmap bytes\s*=\s*(\d+)", text)
+        out[role] = {"arenas": len(arenas), "system_mib": round(int(total[1]) / 2**20, 1),
+                     "in_use_mib": round(int(total[2]) / 2**20, 1),
+                     "free_in_malloc_mib": round((int(total[1]) - int(total[2])) / 2**20, 1),
+                     "max_mmap_mib": round(int(mmap[1]) / 2**20, 1) if mmap else None,
+                     } if total else {"error": "no malloc_stats output in the server log"}
+    return out
 
 
 class Traffic:
@@ -190,12 +250,12 @@ async def soak_one(label: str, server: ManagedServer, model: str, args, t0: floa
                 await asyncio.sleep(1.0)  # the engine's idle publish, the allocator settled
                 snap = await scrape(http, server.url)
                 kv = snap.proxima
-                rss, uss = memory_by_process(server.pid)
+                rss, uss, anon = memory_by_process(server.pid)
                 quiet.append({"t": time.monotonic() - t0, "idle": idle is not None,
                               "requests_sent": sum(traffic.sent.values()),
                               "slots_used": kv.slots_used if kv else None,
                               "slots_cached": kv.slots_cached if kv else None,
-                              "rss_by_process": rss, "uss_by_process": uss})
+                              "rss_by_process": rss, "uss_by_process": uss, "anon_by_process": anon})
                 print(f"[{quiet[-1]['t']:6.0f} s] {label} burst {len(quiet)}: idle={idle is not None} "
                       f"slots_used={quiet[-1]['slots_used']} RSS "
                       + " ".join(f"{k}={v / 2**20:.0f}" for k, v in sorted(rss.items())) + " MiB",
@@ -268,7 +328,8 @@ def summarize(label, first: str, last: str, traffic: Traffic, quiet: list[dict],
         "rss_mib_first_last": {r: [round(first_q.get(r, 0) / 2**20, 1), round(last_q.get(r, 0) / 2**20, 1)]
                                for r in roles},
         "rss_slope": slopes(quiet, "rss_by_process", warm, end),
-        "uss_slope": slopes(quiet, "uss_by_process", warm, end), "warmup_s": warm,
+        "uss_slope": slopes(quiet, "uss_by_process", warm, end),
+        "anon_slope": slopes(quiet, "anon_by_process", warm, end), "warmup_s": warm,
         "quiet": quiet, "timeline": timeline,
     }
 
@@ -284,6 +345,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", default="token,stock", help="servers run side by side: token, block, stock")
     p.add_argument("--out", type=Path, default=Path("soak-results"))
+    p.add_argument("--heap-report", action="store_true",
+                   help="after the run, glibc's heap figures of the engine core and worker (gdb)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -301,6 +364,9 @@ def main() -> int:
             return await asyncio.gather(*(soak_one(v, s, args.model, args, t0) for v, s in servers.items()))
 
         results = asyncio.run(both())
+        if args.heap_report:
+            for result, server in zip(results, servers.values(), strict=True):
+                result["heap"] = heap_report(server.pid, server.spec.log_path)
     report = {"command": " ".join(sys.argv), "server_args": list(SERVER_ARGS), "kinds": KINDS,
               "runs": results}
     write_atomic(args.out / "soak.json", json.dumps(report, indent=1))
