@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # tests.fast_standin; the installed proxima (with proxima.probes) wins
 
 from proxima.bench import drive  # noqa: E402
 from proxima.bench import workload as wl  # noqa: E402

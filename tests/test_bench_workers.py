@@ -34,7 +34,7 @@ def test_split_and_default_worker_count():
     assert split(10, 3) == [4, 3, 3] and split(2, 2) == [1, 1] and sum(split(257, 5)) == 257
     cores = available_cores()
     assert client_workers(None, CONCURRENCY, STREAMS_PER_WORKER) == 1
-    assert client_workers(None, CONCURRENCY, 256) == min(cores, 6)
+    assert client_workers(None, CONCURRENCY, 256) == min(cores, 11)
     assert client_workers(None, CONCURRENCY, 10_000) == cores  # never more than the cores
     assert client_workers(4, CONCURRENCY, 2) == 2  # never more than a closed loop's streams
     assert client_workers(3, RATE, 0.5) == 3 and client_workers(1, CONCURRENCY, 256) == 1

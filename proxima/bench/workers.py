@@ -33,10 +33,12 @@ from proxima.bench.results import CONCURRENCY, percentile
 from proxima.bench.workload import BenchRequest
 from proxima.streaming import CANCELLED, FAILED, RequestResult
 
-# One worker per this many streams in flight (requests/s counted as streams, a request of about a
-# second each), as issue 29 proposes: on the H200 one loop was near its core's limit by c=64. This
-# machine (2 shared cores) cannot show where a worker tops out: scripts/bench_client.py measures it.
-STREAMS_PER_WORKER = 48
+# One worker per this many streams in flight. Measured on the H200 (docs/benchmarks.md, issue 29):
+# one worker's CPU follows the tokens it streams, ~6.7k tok/s a core; at c=64, where an H200
+# streams the most tokens per request (9.6k tok/s), one worker per 32 streams ran at 72-73% of its
+# core, so 24 keeps every worker near half a core there and lower at higher levels.
+# scripts/bench_client.py measures what one worker sustains on the machine at hand.
+STREAMS_PER_WORKER = 24
 BATCH_S = 0.02  # how often a worker reports: the watchdog and progress lag by at most this
 START_TIMEOUT_S = 60.0  # spawned interpreters importing httpx, on a loaded machine
 LEAD_S = 0.1  # the shared start is this far after the last worker is ready
