@@ -2,7 +2,7 @@
 slots one program reads are one ascending run, its K/V tiles are dense blocks of cache rows, read
 through 2-D tensor descriptors (TMA on Hopper) instead of gathered token by token.
 
-Layer: Triton device helpers that ``triton_attention._attend_query_tile`` calls, and the host
+Layer: Triton device helpers that ``triton_query_tile._attend_query_tile`` calls, and the host
 side that says whether a launch can have them and builds their descriptors. Not planned yet:
 docs/benchmarks.md (contiguous slots and dense-tile reads) says why and how it is to be timed.
 """

@@ -25,7 +25,7 @@ def _attend_int4_tiles(
     stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
     HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """``triton_attention._attend_kv_tiles`` over int4 codes: q rotated, ``q_sum`` its rows' sums.
+    """``triton_query_tile._attend_kv_tiles`` over int4 codes: q rotated, ``q_sum`` its rows' sums.
 
     Codes are read as 32-bit words (``k_head_ptr`` / ``v_head_ptr`` int32; word w holds positions
     8w..8w+7, low nibble first: 4-byte loads, since a record's bytes are only 8-byte aligned) and
