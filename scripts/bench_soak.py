@@ -345,16 +345,22 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", default="token,stock", help="servers run side by side: token, block, stock")
     p.add_argument("--out", type=Path, default=Path("soak-results"))
+    p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable for every server (repeatable), e.g. MALLOC_ARENA_MAX=2")
     p.add_argument("--heap-report", action="store_true",
                    help="after the run, glibc's heap figures of the engine core and worker (gdb)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [e for e in args.server_env if "=" not in e or not e.split("=", 1)[0]]
+    if bad:
+        p.error(f"--server-env takes NAME=VALUE, got {', '.join(bad)}")
+    server_env = dict(e.split("=", 1) for e in args.server_env)
     with ExitStack() as stack:
         servers = {}
         for variant in variants:
             spec = ServerSpec(model=args.model, variant=variant, args=SERVER_ARGS,
-                              log_path=args.out / f"{variant}-server.log")
+                              log_path=args.out / f"{variant}-server.log", env=server_env)
             servers[variant] = stack.enter_context(ManagedServer(spec).spawn())
         for server in servers.values():
             server.wait_ready(timeout=900)
@@ -367,7 +373,8 @@ def main() -> int:
         if args.heap_report:
             for result, server in zip(results, servers.values(), strict=True):
                 result["heap"] = heap_report(server.pid, server.spec.log_path)
-    report = {"command": " ".join(sys.argv), "server_args": list(SERVER_ARGS), "kinds": KINDS,
+    report = {"command": " ".join(sys.argv), "server_args": list(SERVER_ARGS), "server_env": server_env,
+              "kinds": KINDS,
               "runs": results}
     write_atomic(args.out / "soak.json", json.dumps(report, indent=1))
     brief = {r["label"]: {k: v for k, v in r.items() if k not in ("quiet", "timeline")} for r in results}
