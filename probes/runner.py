@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from proxima.fetch import auth_headers, describe_http_error, first_model, get_json
+from proxima.fetch import auth_headers, client_limits, describe_http_error, first_model, get_json
 from proxima.hosts import find_server_pid, is_this_host
 from proxima.load import LoadDriver
 from proxima.probes.base import SAMPLE_TIMEOUT_S, DoctorOptions, ProbeContext, ProbeResult, Status
@@ -155,7 +155,7 @@ async def run_doctor(
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> DoctorReport:
     options = options or DoctorOptions()
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    limits = client_limits(max_connections=256, max_keepalive_connections=64)
     headers = auth_headers(options.api_key)
     async with httpx.AsyncClient(limits=limits, timeout=30.0, headers=headers) as client:
         ctx = await open_context(client, url, options)

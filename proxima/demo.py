@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from proxima.chat_prompts import SUPPORT_QUESTIONS, general_chat, support_chat
+from proxima.fetch import client_limits
 from proxima.load import Completion, LoadDriver
 from proxima.sampling import Sampler
 from proxima.scrape import ServerSnapshot
@@ -74,7 +75,7 @@ def burst_questions(num_requests: int, seed: int) -> list[str]:
 async def drive(url: str, model: str, questions: list[str], concurrency: int, max_tokens: int,
                 result: DemoResult, sample_every_s: float = 0.25, num_examples: int = 2) -> None:
     chats = [(support_chat(q), max_tokens) for q in questions]
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(limits=client_limits()) as client:
         sampler = Sampler(url, sample_every_s, client=client)
         async with sampler.running():  # ends with one more reading, after the settle below
             start = time.perf_counter()
@@ -93,7 +94,7 @@ async def drive(url: str, model: str, questions: list[str], concurrency: int, ma
 def ask_first(url: str, model: str) -> ChatExchange:
     """The first question, greedy, as a user would ask it (the model's own default system prompt)."""
     async def once() -> Completion:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(limits=client_limits()) as client:
             return await LoadDriver(client, url, model).chat(general_chat(FIRST_QUESTION), 64,
                                                              timeout=REQUEST_TIMEOUT_S)
 

@@ -45,6 +45,21 @@ MAX_JSON_DEPTH = 64
 
 API_KEY_ENVS = ("VLLM_API_KEY", "OPENAI_API_KEY")
 
+# vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), and httpx keeps
+# one for 5 s by default: a request sent on a connection in its last instant meets the server's
+# close and fails (ReadError or RemoteProtocolError), a failure of the client that a tool would
+# report as the server's (scripts/keepalive_race.py reproduces it). Every client the tools make
+# retires idle connections well before the server does (`client_limits`).
+KEEPALIVE_EXPIRY_S = 2.0
+
+
+def client_limits(max_connections: int | None = 100,
+                  max_keepalive_connections: int | None = 20) -> httpx.Limits:
+    """httpx's connection limits (its defaults unless given) with idle connections retired
+    after KEEPALIVE_EXPIRY_S: the limits of every client the tools make."""
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive_connections,
+                        keepalive_expiry=KEEPALIVE_EXPIRY_S)
+
 
 class BodyTooLarge(ValueError):
     pass
@@ -140,7 +155,7 @@ def fetch_sync(client: httpx.Client | None, method: str, url: str, timeout: floa
     `timeout`, so a trickling server costs at most about twice the budget."""
     deadline = time.monotonic() + timeout
     own = client is None
-    client = client or httpx.Client()
+    client = client or httpx.Client(limits=client_limits())
     try:
         with client.stream(method, url, json=json_body, timeout=timeout) as response:
             body = bytearray()

@@ -32,6 +32,7 @@ import httpx
 from proxima.fetch import (
     MalformedAnswer,
     auth_headers,
+    client_limits,
     completion_answer,
     completion_top_logprobs,
     describe_http_error,
@@ -89,20 +90,11 @@ def chat_url(url: str) -> str:
     return url.rstrip("/") + "/v1/chat/completions"
 
 
-# vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), and httpx keeps
-# one for 5 s by default: a request sent on a connection in its last instant meets the server's
-# close and fails (ReadError or RemoteProtocolError), a failure of the client that bench and the
-# soak would count as the server's. Retiring idle connections well before the server does removes
-# the race (scripts/keepalive_race.py reproduces it).
-KEEPALIVE_EXPIRY_S = 2.0
-
-
 def new_http_client(request_timeout_s: float, api_key: str | None = None) -> httpx.AsyncClient:
     """A client for load: no connection limit, because a queue inside the client would be
     measured as server latency. `api_key` goes with every request (vLLM's --api-key)."""
     return httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512,
-                            keepalive_expiry=KEEPALIVE_EXPIRY_S),
+        limits=client_limits(max_connections=None, max_keepalive_connections=512),
         timeout=httpx.Timeout(request_timeout_s, connect=10.0),
         headers=auth_headers(api_key),
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from proxima.fetch import client_limits
 from proxima.gpu import GpuSnapshot, memory_used_bytes, read_gpus
 from proxima.hosts import is_this_host, process_tree_rss
 from proxima.scrape import ServerSnapshot, scrape, scrape_sync
@@ -121,7 +122,7 @@ class Sampler:
         if self.off_loop:
             return await asyncio.to_thread(self._read_blocking, t)
         if self._client is None:
-            async with httpx.AsyncClient(headers=self._headers) as client:
+            async with httpx.AsyncClient(headers=self._headers, limits=client_limits()) as client:
                 snapshot = await scrape(client, self.url, self.timeout_s)
         else:
             snapshot = await scrape(self._client, self.url, self.timeout_s)
@@ -148,10 +149,12 @@ class Sampler:
             return
         async with contextlib.AsyncExitStack() as stack:
             if self.off_loop:
-                self._blocking = stack.enter_context(httpx.Client(headers=self._headers))
+                self._blocking = stack.enter_context(httpx.Client(headers=self._headers,
+                                                                  limits=client_limits()))
                 stack.callback(setattr, self, "_blocking", None)
             elif self._client is None:  # one connection for the whole run, not one per reading
-                self._client = await stack.enter_async_context(httpx.AsyncClient(headers=self._headers))
+                self._client = await stack.enter_async_context(httpx.AsyncClient(headers=self._headers,
+                                                                                      limits=client_limits()))
                 stack.callback(setattr, self, "_client", None)
             stop = asyncio.Event()
             task = asyncio.ensure_future(self._loop(stop))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from proxima.exposition import MalformedMetrics, Samples
-from proxima.fetch import MAX_METRICS_BYTES, describe_http_error, get_text, get_text_sync
+from proxima.fetch import MAX_METRICS_BYTES, client_limits, describe_http_error, get_text, get_text_sync
 from proxima.histograms import HistogramSnapshot, merge_histograms
 from proxima.kv_snapshot import KVSnapshot, read_engines
 from proxima.metrics import catalog as c
@@ -275,7 +275,7 @@ def scrape_sync(url: str, timeout: float = 5.0, engine: str | None = None,
     """Blocking scrape. Pass a `client` to reuse one connection (and TLS set-up) across scrapes;
     `headers` (an API key's) go with a scrape that makes its own."""
     if client is None and headers:
-        with httpx.Client(headers=headers) as own:
+        with httpx.Client(headers=headers, limits=client_limits()) as own:
             return scrape_sync(url, timeout, engine, own, max_bytes)
     taken_at = time.time()
     try:

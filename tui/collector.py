@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
-from proxima.fetch import auth_headers
+from proxima.fetch import auth_headers, client_limits
 from proxima.gpu import GpuSnapshot, read_gpus
 from proxima.hosts import is_this_host
 from proxima.sampling import SCRAPE_TIMEOUT_S, read_servers
@@ -47,7 +47,7 @@ class Collector:
 
     async def collect(self, timeout: float = SCRAPE_TIMEOUT_S) -> Frame:
         if self._client is None:
-            self._client = httpx.AsyncClient(headers=self._headers)
+            self._client = httpx.AsyncClient(headers=self._headers, limits=client_limits())
         taken_at = self._clock()
         snapshots, gpus = await read_servers(self._client, self.urls, timeout,
                                              self._gpu_reader if self.read_gpus_here else None)

@@ -26,7 +26,7 @@ from proxima.bench.repeats import combine
 from proxima.bench.results import CONCURRENCY, RATE, LevelResult, Stats, TimelinePoint, percentile
 from proxima.bench.workers import ClientLoad, client_workers, plan_workers, run_in_workers
 from proxima.bench.workload import Workload
-from proxima.fetch import auth_headers
+from proxima.fetch import auth_headers, client_limits
 from proxima.load import new_http_client
 from proxima.sampling import SCRAPE_TIMEOUT_S, Sampler, wait_idle
 from proxima.scrape import ServerSnapshot, scrape
@@ -167,7 +167,7 @@ async def run_level(target: Target, workload: Workload, kind: str, value: float,
     state = _LevelState(params, params.requests_per_level)
     num_workers = client_workers(params.client_workers, kind, value)
     observer.level_started(target, kind, value, params.requests_per_level)
-    async with httpx.AsyncClient(headers=auth_headers(params.api_key)) as scrape_http:
+    async with httpx.AsyncClient(headers=auth_headers(params.api_key), limits=client_limits()) as scrape_http:
         before = await scrape(scrape_http, target.url, params.scrape_timeout_s)
         cpu = CpuMeter()
         # Off the event loop that times the tokens, and stopped at once when the level ends.
