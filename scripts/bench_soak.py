@@ -33,6 +33,9 @@ import asyncio
 import json
 import math
 import random
+import re
+import shutil
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -115,10 +118,6 @@ def heap_report(pid: int, log: Path) -> dict[str, dict]:
     holds from the system and bytes in use by the program. A heap whose free bytes (system less
     in use) make up the RSS growth is memory malloc keeps after frees (fragmentation), not a leak.
     Attaching pauses the process and may interrupt a system call in it: for the end of a run only."""
-    import re
-    import shutil
-    import subprocess
-
     out: dict[str, dict] = {}
     gdb = shutil.which("gdb")
     for proc in _tree(pid):
@@ -212,9 +211,6 @@ class Traffic:
 def dump_stacks(pid: int, path: Path) -> None:
     """Every Python stack of the server's processes (py-spy, when installed) into `path`: what a
     server that stopped finishing its requests was doing."""
-    import shutil
-    import subprocess
-
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     lines = []
     for proc in _tree(pid):

@@ -4,8 +4,8 @@ in the instant the server closes it for idleness fails with ReadError or RemoteP
 vLLM's server closes connections idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and httpx keeps them
 5 s by default. This runs uvicorn (vLLM's server) with a short keep-alive, sends bursts of
 requests after idle gaps just under it, and counts failures with the client's keep-alive expiry
-equal to the server's, then at the ratio Proxima's clients use (proxima.load.KEEPALIVE_EXPIRY_S
-against vLLM's 5 s).
+equal to the server's, then at the ratio Proxima's clients use (proxima.fetch.KEEPALIVE_EXPIRY_S
+against vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE).
 
   python scripts/keepalive_race.py --trials 150
 """
@@ -15,16 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import socket
 import threading
 import time
 
 import httpx
 import uvicorn
+from vllm import envs
 
-from proxima.load import KEEPALIVE_EXPIRY_S
-
-VLLM_KEEP_ALIVE_S = 5.0
+from proxima.fetch import KEEPALIVE_EXPIRY_S
+from proxima.server_process import free_port
 
 
 async def _app(scope, receive, send) -> None:
@@ -32,12 +31,6 @@ async def _app(scope, receive, send) -> None:
         return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
     await send({"type": "http.response.body", "body": b"ok"})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _trials(url: str, expiry: float, keep_alive: float, trials: int, streams: int) -> dict[str, int]:
@@ -58,14 +51,14 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=16, help="requests per burst (pooled connections)")
     p.add_argument("--keep-alive", type=float, default=1.0, help="the server's keep-alive, seconds")
     args = p.parse_args()
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(_app, port=port, timeout_keep_alive=args.keep_alive,
                                            log_level="error"))
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
     url = f"http://127.0.0.1:{port}/"
-    ratio = KEEPALIVE_EXPIRY_S / VLLM_KEEP_ALIVE_S
+    ratio = KEEPALIVE_EXPIRY_S / envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
     for name, expiry in (("httpx default (equal to the server's)", args.keep_alive),
                          (f"Proxima's ratio ({ratio:.2f} of the server's)", args.keep_alive * ratio)):
         random.seed(0)

@@ -5,14 +5,15 @@ failures that race gives): checked against a real uvicorn server, vLLM's HTTP se
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 
 import uvicorn
 from vllm import envs
 
-from proxima.load import KEEPALIVE_EXPIRY_S, new_http_client
+from proxima.fetch import KEEPALIVE_EXPIRY_S
+from proxima.load import new_http_client
+from proxima.server_process import free_port
 
 
 def test_idle_connection_is_retired_before_the_server_would_close_it():
@@ -26,9 +27,7 @@ def test_idle_connection_is_retired_before_the_server_would_close_it():
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"ok"})
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, port=port, timeout_keep_alive=server_keep_alive,
                                            log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -34,9 +34,9 @@ from proxima.bench.workload import BenchRequest
 from proxima.streaming import CANCELLED, FAILED, RequestResult
 
 # One worker per this many streams in flight. Measured on the H200 (docs/benchmarks.md, issue 29):
-# one worker's CPU follows the tokens it streams, ~6.7k tok/s a core; at c=64, where an H200
-# streams the most tokens per request (9.6k tok/s), one worker per 32 streams ran at 72-73% of its
-# core, so 24 keeps every worker near half a core there and lower at higher levels.
+# one worker's CPU follows the tokens it streams; at c=64, where an H200 streams the most tokens
+# per request (9.6k tok/s), one worker per 32 streams (4.8k tok/s each) ran at 72-73% of its core,
+# so 24 puts each near half a core there, and the workers ran lower at every higher level.
 # scripts/bench_client.py measures what one worker sustains on the machine at hand.
 STREAMS_PER_WORKER = 24
 BATCH_S = 0.02  # how often a worker reports: the watchdog and progress lag by at most this
