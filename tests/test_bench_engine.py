@@ -229,16 +229,18 @@ def test_an_interrupted_bench_writes_the_levels_that_finished(proxima_server, tm
 
     start = finished()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxima.cli.main", "bench", "--url", proxima_server.url, "-c", "1,2",
-         "-n", "4", "--prompt-tokens", "10-30", "--max-tokens", "800", "--sample-interval", "0",
+        [sys.executable, "-m", "proxima.cli.main", "bench", "--url", proxima_server.url, "-c", "1",
+         "--rate", "0.05", "-n", "4", "--prompt-tokens", "10-30", "--max-tokens", "800",
+         "--sample-interval", "0",
          "--warmup", "0", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        # On two loaded cores a scrape is not answered until the streams it queued behind end, so
-        # the server is only seen between levels: level 1's four are counted, then a second later
-        # (bench settles its counters and starts level 2 well within it) the signal lands in
-        # level 2, whose two rounds of 800 tokens take seconds.
+        # On two loaded cores a scrape may not be answered until the streams it queued behind end,
+        # so the server is only seen reliably between levels. Level 2 sends four requests at
+        # 0.05 req/s (about a minute of arrivals): once level 1's four are counted, a signal a
+        # second later lands in level 2 however late that scrape was answered. (A second
+        # concurrency level lasted as long as the first, and a late scrape once let it finish.)
         deadline = time.monotonic() + 120
         while finished() < start + 4 and time.monotonic() < deadline:
             time.sleep(0.05)
