@@ -36,6 +36,7 @@ from proxima.engine.settings import (
     ALLOCATORS,
     KV_FIGURES_ENV,
     ProximaConfigError,
+    idle_trim_from_env,
     telemetry_interval_from_env,
 )
 from proxima.hosts import is_loopback
@@ -128,7 +129,8 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
         raise ProximaConfigError(
             f"--proxima-allocator {allocator!r}: choose one of {', '.join(ALLOCATORS)}"
         )
-    telemetry_interval_from_env()  # the engine reads it at start-up: refuse a bad value now
+    telemetry_interval_from_env()  # the engine reads these at start-up: refuse a bad value now
+    idle_trim_from_env()
     for flag in _OWNED_FLAGS:
         if _has_flag(vllm_args, flag):
             raise ProximaConfigError(f"{flag} is set by proxima serve; remove it from the command")

@@ -243,7 +243,9 @@ async def soak_one(label: str, server: ManagedServer, model: str, args, t0: floa
                     dumped = True
                     path = args.out / f"{label}-stacks-{time.monotonic() - t0:.0f}s.txt"
                     await asyncio.to_thread(dump_stacks, server.pid, path)
-                await asyncio.sleep(1.0)  # the engine's idle publish, the allocator settled
+                # The engine's idle publish, the allocator settled, and the worker's idle heap
+                # trim (PROXIMA_IDLE_TRIM_S, 1 s after its last step) done before memory is read.
+                await asyncio.sleep(args.settle_s)
                 snap = await scrape(http, server.url)
                 kv = snap.proxima
                 rss, uss, anon = memory_by_process(server.pid)
@@ -337,6 +339,8 @@ def main() -> int:
     p.add_argument("--burst-s", type=float, default=15.0)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--abort-after-s", type=float, default=0.2)
+    p.add_argument("--settle-s", type=float, default=3.0,
+                   help="seconds from idle to a quiet point's reading (runs before 2026-12-04 16:00: 1)")
     p.add_argument("--warmup-share", type=float, default=0.2, help="share of the run left out of the fit")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", default="token,stock", help="servers run side by side: token, block, stock")

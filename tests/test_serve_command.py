@@ -66,6 +66,13 @@ def test_telemetry_interval_from_the_environment(monkeypatch, value, seconds):
     assert ProximaSettings.from_env().telemetry_interval_s == seconds
 
 
+@pytest.mark.parametrize("value", ["soon", "-1", "inf", "3601"])
+def test_a_bad_idle_trim_time_is_refused_with_the_fix(monkeypatch, value):
+    monkeypatch.setenv("PROXIMA_IDLE_TRIM_S", value)
+    with pytest.raises(ProximaConfigError, match="PROXIMA_IDLE_TRIM_S=.* is not a number of seconds"):
+        build_serve_command("m", "token", [], cuda=False)
+
+
 # ------------------------------------------------------------------ defaults (issue 16, section 5)
 
 @pytest.mark.parametrize(("flags", "warned"), [

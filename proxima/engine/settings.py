@@ -22,6 +22,14 @@ DEFAULT_TELEMETRY_INTERVAL_S = 0.05
 # that depends on what other requests cached no finer than whole 16-token blocks (docs/security.md).
 KV_FIGURES_ENV = "PROXIMA_KV_FIGURES"
 KV_FIGURES = ("block", "exact")
+# Seconds without a step after which the worker gives glibc's freed heap back (0: never); see
+# heap_trim.py. Long enough that the gaps inside a burst do not trim, short enough that a server
+# between bursts has returned its fragments within seconds.
+IDLE_TRIM_ENV = "PROXIMA_IDLE_TRIM_S"
+DEFAULT_IDLE_TRIM_S = 1.0
+# "off" keeps CPU decodes on the torch path instead of the compiled in-place kernel
+# (attention/slot_decode_cpu.py): for an A/B of the two, or where no C++ compiler is wanted.
+CPU_KERNEL_ENV = "PROXIMA_CPU_KERNEL"
 
 
 class ProximaConfigError(ValueError):
@@ -34,6 +42,7 @@ class ProximaSettings:
     telemetry: bool = True
     telemetry_interval_s: float = DEFAULT_TELEMETRY_INTERVAL_S
     exact_kv_figures: bool = False
+    idle_trim_s: float = DEFAULT_IDLE_TRIM_S
 
     @property
     def token_slots(self) -> bool:
@@ -53,7 +62,7 @@ class ProximaSettings:
                 f"{KV_FIGURES_ENV}={figures!r} is not a figure mode; use one of {', '.join(KV_FIGURES)}"
             )
         return cls(allocator=value, telemetry=telemetry, telemetry_interval_s=telemetry_interval_from_env(),
-                   exact_kv_figures=figures == "exact")
+                   exact_kv_figures=figures == "exact", idle_trim_s=idle_trim_from_env())
 
 
 def telemetry_interval_from_env() -> float:
@@ -70,3 +79,19 @@ def telemetry_interval_from_env() -> float:
             f"{DEFAULT_TELEMETRY_INTERVAL_S} (the default), or 0 to refresh the KV gauges every step"
         )
     return interval
+
+
+def idle_trim_from_env() -> float:
+    raw = os.environ.get(IDLE_TRIM_ENV, "").strip()
+    if not raw:
+        return DEFAULT_IDLE_TRIM_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 3600:  # also refuses nan and inf
+        raise ProximaConfigError(
+            f"{IDLE_TRIM_ENV}={raw!r} is not a number of seconds from 0 to 3600; use e.g. "
+            f"{DEFAULT_IDLE_TRIM_S} (the default), or 0 to leave freed memory in the worker's heap"
+        )
+    return seconds

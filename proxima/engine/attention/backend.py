@@ -34,6 +34,7 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 
+from proxima.engine import heap_trim
 from proxima.engine.attention import per_token_head
 from proxima.engine.attention.per_token_head import PTH_FORMATS, PTHCache, pth_format
 from proxima.engine.attention.quant import FP8_KV_DTYPES, KVScales, storage_dtype
@@ -136,6 +137,7 @@ class ProximaSlotMetadataBuilder(AttentionMetadataBuilder[ProximaSlotMetadata]):
         fast_build: bool = False,
     ) -> ProximaSlotMetadata:
         m = common_attn_metadata
+        heap_trim.note_step()
         return ProximaSlotMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
