@@ -1,8 +1,8 @@
 """End-to-end CPU throughput: vLLM with Proxima's slot attention vs stock vLLM's CPU backend.
 
 Offline `vllm.LLM`, in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), one model built by
-`proxima model tiny DIR`, N prompts of random token ids (lengths 32-96, fixed seed) generating
-M tokens each with ignore_eos, greedy. Prints output tokens/s.
+`proxima model tiny DIR`, N prompts of random token ids (lengths 32-96 unless --prompt-tokens,
+fixed seed) generating M tokens each with ignore_eos, greedy. Prints output tokens/s.
 
     proxima model tiny /tmp/tiny-cpuopt
     python scripts/bench_cpu_e2e.py --model /tmp/tiny-cpuopt --omp-threads 1
@@ -42,7 +42,8 @@ VARIANTS = ("stock", "proxima-baseline", "proxima")
 
 
 def run_variant(variant: str, model: str, prompts: int, output_tokens: int, repeats: int,
-                baseline: str | None) -> dict:
+                baseline: str | None, kv_cache_mib: int = 8,
+                prompt_tokens: tuple[int, int] = (32, 96)) -> dict:
     """One variant in this process: warm up, then time `repeats` generate() calls."""
     import random
 
@@ -51,13 +52,13 @@ def run_variant(variant: str, model: str, prompts: int, output_tokens: int, repe
 
     if variant == "proxima-baseline":
         use_baseline_attention(baseline)
-    flags = vllm_flags(kv_cache_memory_bytes=8 << 20, enable_prefix_caching=False, seed=0,
+    flags = vllm_flags(kv_cache_memory_bytes=kv_cache_mib << 20, enable_prefix_caching=False, seed=0,
                        block_size=32 if variant == "stock" else None)
     # Nothing recorded: tok/s of the engines alone (stock without even Proxima's observer).
     spec = EngineSpec(model, "stock" if variant == "stock" else "token", TINY_CPU_ARGS + flags, record=False)
     with open_engine(spec) as engine:
         rng = random.Random(0)
-        batch = [{"prompt_token_ids": [rng.randrange(3, 512) for _ in range(rng.randint(32, 96))]}
+        batch = [{"prompt_token_ids": [rng.randrange(3, 512) for _ in range(rng.randint(*prompt_tokens))]}
                  for _ in range(prompts)]
         params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0.0)
         engine.llm.generate(batch[:8], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
@@ -89,7 +90,8 @@ def use_baseline_attention(path: str) -> None:
 
 
 def drive(args: argparse.Namespace) -> None:
-    variants = [v for v in VARIANTS if v != "proxima-baseline" or args.baseline]
+    variants = [v for v in VARIANTS if (v != "proxima-baseline" or args.baseline)
+                and (not args.variants or v in args.variants.split(","))]
     results: dict[str, list[float]] = {v: [] for v in variants}
     cpu_results: dict[str, list[float]] = {v: [] for v in variants}
     for round_index in range(args.rounds):
@@ -97,7 +99,9 @@ def drive(args: argparse.Namespace) -> None:
             env = {"OMP_NUM_THREADS": str(args.omp_threads)} if args.omp_threads else None
             try:
                 result = run_isolated(run_variant, variant, args.model, args.prompts, args.output_tokens,
-                                      args.repeats, args.baseline, env=env, timeout=args.timeout)
+                                      args.repeats, args.baseline, args.kv_cache_mib,
+                                      tuple(int(x) for x in args.prompt_tokens.split("-")), env=env,
+                                      timeout=args.timeout)
             except EngineProcessError as err:
                 sys.exit(f"error: variant {variant} failed: {err}")
             results[variant].extend(result["tokens_per_s"])
@@ -123,7 +127,13 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory (proxima model tiny DIR)")
     parser.add_argument("--baseline", help="another reference.py to run as variant proxima-baseline")
+    parser.add_argument("--variants",
+                        help=f"comma-separated subset of {', '.join(VARIANTS)} (stock is needed)")
     parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompt-tokens", default="32-96", help="prompt length range LO-HI (tokens)")
+    parser.add_argument("--kv-cache-mib", type=int, default=8,
+                        help="KV cache per engine (8 MiB: 8,192 tiny-model tokens; the real model "
+                             "keeps 46 KiB a token in float32, so give it e.g. 512)")
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="fresh processes per variant")
     parser.add_argument("--repeats", type=int, default=3, help="timed generate() calls per process")
