@@ -66,32 +66,28 @@ class ProximaSettings:
 
 
 def telemetry_interval_from_env() -> float:
-    raw = os.environ.get(TELEMETRY_INTERVAL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TELEMETRY_INTERVAL_S
-    try:
-        interval = float(raw)
-    except ValueError:
-        interval = -1.0
-    if not 0 <= interval <= 60:  # also refuses nan and inf
-        raise ProximaConfigError(
-            f"{TELEMETRY_INTERVAL_ENV}={raw!r} is not a number of seconds from 0 to 60; use e.g. "
-            f"{DEFAULT_TELEMETRY_INTERVAL_S} (the default), or 0 to refresh the KV gauges every step"
-        )
-    return interval
+    return _seconds_from_env(TELEMETRY_INTERVAL_ENV, DEFAULT_TELEMETRY_INTERVAL_S, 60,
+                             "or 0 to refresh the KV gauges every step")
 
 
 def idle_trim_from_env() -> float:
-    raw = os.environ.get(IDLE_TRIM_ENV, "").strip()
+    return _seconds_from_env(IDLE_TRIM_ENV, DEFAULT_IDLE_TRIM_S, 3600,
+                             "or 0 to leave freed memory in the worker's heap")
+
+
+def _seconds_from_env(name: str, default: float, most: float, zero_means: str) -> float:
+    """A number of seconds from 0 to `most` in variable `name` (unset: `default`), or a one-line
+    ProximaConfigError naming the variable and the fix."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_IDLE_TRIM_S
+        return default
     try:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
-    if not 0 <= seconds <= 3600:  # also refuses nan and inf
+    if not 0 <= seconds <= most:  # also refuses nan and inf
         raise ProximaConfigError(
-            f"{IDLE_TRIM_ENV}={raw!r} is not a number of seconds from 0 to 3600; use e.g. "
-            f"{DEFAULT_IDLE_TRIM_S} (the default), or 0 to leave freed memory in the worker's heap"
+            f"{name}={raw!r} is not a number of seconds from 0 to {most:g}; use e.g. "
+            f"{default} (the default), {zero_means}"
         )
     return seconds
