@@ -41,7 +41,6 @@ class IdleHeapTrimmer:
         self._last_step = time.monotonic()
         self._trimmed = True  # nothing to give back before the first step
         self.trims = 0
-        self.seconds = 0.0  # time spent trimming
         self._thread: threading.Thread | None = None
         self._pid = None
 
@@ -64,13 +63,11 @@ class IdleHeapTrimmer:
                 continue
             if not self._trimmed:
                 self._trimmed = True
-                started = time.perf_counter()
                 try:
                     self._trim(0)
                 except Exception:  # never let housekeeping take the worker down
                     logger.exception("Proxima: malloc_trim failed; idle heap trimming is off")
                     return
-                self.seconds += time.perf_counter() - started
                 self.trims += 1
             time.sleep(self.idle_s)
 
