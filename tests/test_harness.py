@@ -94,8 +94,8 @@ STATS = KVStats(allocator="token", granularity=1, slots_total=64, slots_used=10,
                 occupancy=(0.5,), largest_free_run=54)
 
 
-def _step(running: int, scheduled: dict[str, int]) -> SchedulerStep:
-    return SchedulerStep(0.002, 0.0001, running, 0, scheduled, sum(scheduled.values()))
+def _step(running: int, scheduled: dict[str, int], waiting: int = 0) -> SchedulerStep:
+    return SchedulerStep(0.002, 0.0001, running, waiting, scheduled, sum(scheduled.values()))
 
 
 def test_the_recorder_files_each_steps_preemptions_timings_and_kv_figures_under_it():
@@ -117,6 +117,16 @@ def test_the_recorder_files_each_steps_preemptions_timings_and_kv_figures_under_
     assert recorder.slot_efficiency() == pytest.approx(0.8) and recorder.static.bytes_per_token == 1024
     recorder.reset()
     assert recorder.steps == [] and recorder.preemptions == 0 and recorder.static is not None
+
+
+def test_the_running_mean_while_requests_wait_leaves_out_the_ramp_and_drain():
+    recorder = EngineRecorder()
+    for running, waiting in [(4, 6), (10, 2), (8, 1), (6, 0), (2, 0), (0, 0)]:
+        recorder.step_scheduled(_step(running, {"a": running}, waiting))
+    assert recorder.running_mean_while_waiting() == (pytest.approx(22 / 3), 3)
+    assert recorder.running_mean() == pytest.approx(30 / 5)
+    recorder.reset()
+    assert recorder.running_mean_while_waiting() == (0.0, 0)
 
 
 def test_a_listeners_error_is_kept_for_the_caller_not_lost_in_the_guards_log():

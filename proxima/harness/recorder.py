@@ -108,6 +108,13 @@ class EngineRecorder:
         busy = [s.num_running for s in self.steps if s.num_running]
         return statistics.fmean(busy) if busy else 0.0
 
+    def running_mean_while_waiting(self) -> tuple[float, int]:
+        """Mean running requests over the steps that left requests waiting, and how many there
+        were: what the engine holds while demand exceeds it (a burst's ramp and drain, when no
+        request waits, left out). A step budget or ``max_num_seqs`` can make requests wait too."""
+        full = [s.num_running for s in self.steps if s.num_waiting and s.num_running]
+        return (statistics.fmean(full) if full else 0.0), len(full)
+
     def running_peak(self) -> int:
         return max((s.num_running for s in self.steps), default=0)
 

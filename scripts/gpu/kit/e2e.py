@@ -209,8 +209,13 @@ def throughput(recorder, outs, requests: int, wall: float) -> dict:
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     published = [s.kv for s in recorder.steps if s.kv is not None]
     holding = [kv.requests_holding_slots for kv in published if kv.requests_holding_slots]
+    while_waiting, waiting_steps = recorder.running_mean_while_waiting()
     return {"requests": requests, "output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall,
             "running_mean": recorder.running_mean(), "running_peak": recorder.running_peak(),
+            "running_mean_while_waiting": while_waiting, "waiting_steps": waiting_steps,
+            # per step: running, waiting, tokens scheduled, preemptions (for later analysis)
+            "steps": [[s.num_running, s.num_waiting, s.num_scheduled_tokens, s.preemptions]
+                      for s in recorder.steps],
             "preemptions": recorder.preemptions, "wrapper_steps": len(recorder.steps),
             "recorded_steps": len(published),
             "requests_mean": sum(holding) / max(1, len(holding)),

@@ -52,6 +52,8 @@ def summarize_throughput(res: dict) -> None:
                              f"peak {j['requests_peak']}, slot efficiency {j['slot_efficiency']:.3f}]")
                 print(f"{job:>6} {name:<16} tok/s {j['output_tok_s']:>9.0f}  "
                       f"running mean {j['running_mean']:>6.1f} peak {j['running_peak']:>4}  "
+                      + (f"while waiting {j['running_mean_while_waiting']:>6.1f} over {j['waiting_steps']} "
+                         "steps  " if "waiting_steps" in j else "") +
                       f"preemptions {j['preemptions']:>5}  wall {j['wall_s']:.1f}s "
                       f"init {r['init_s']:.0f}s  wrapper steps {j.get('wrapper_steps')}{extra}")
                 summarize_profile(j)
