@@ -1,4 +1,7 @@
 """vLLM 0.26's own per-token-head KV writer, run under the Triton interpreter: the reference bytes.
+On a CUDA host it runs compiled on the GPU instead (vLLM's CUDA build registers no CPU kernels for
+the ops around it), and the bytes come back to the CPU: the same comparison against the writer
+that serves there.
 
 Run as a script in its own process (`python tests/vllm_reference_kernels.py IN.pt OUT.pt`), because
 vLLM's CPU build disables Triton at import (`vllm.triton_utils` finds no GPU driver and hands its
@@ -44,14 +47,14 @@ def write_stock(key, value, slots, kv_cache_dtype: str) -> dict:
     codes = head_size // 2 if mode == KVQuantMode.INT4_PER_TOKEN_HEAD else head_size
     padded = codes + 4
     num_blocks = int(slots.max()) // BLOCK + 1
-    raw = torch.zeros(num_blocks, num_heads, BLOCK, 2 * padded, dtype=torch.uint8)
+    raw = torch.zeros(num_blocks, num_heads, BLOCK, 2 * padded, dtype=torch.uint8, device=key.device)
     key_cache, value_cache = raw.transpose(1, 2).split(padded, dim=-1)
     if mode == KVQuantMode.FP8_PER_TOKEN_HEAD:
         key_cache = key_cache.view(torch.float8_e4m3fn)
         value_cache = value_cache.view(torch.float8_e4m3fn)
     elif mode == KVQuantMode.INT8_PER_TOKEN_HEAD:
         key_cache, value_cache = key_cache.view(torch.int8), value_cache.view(torch.int8)
-    floats = torch.empty(0, dtype=torch.float32).set_(raw.untyped_storage())
+    floats = torch.empty(0, dtype=torch.float32, device=key.device).set_(raw.untyped_storage())
     stride = raw.stride()
     scale_strides = (stride[0] // 4, stride[2] // 4, stride[1] // 4)  # (block, position, head)
     k_scale = floats.as_strided((num_blocks, BLOCK, num_heads), scale_strides, codes // 4)
@@ -61,10 +64,10 @@ def write_stock(key, value, slots, kv_cache_dtype: str) -> dict:
     assert STR_DTYPE_TO_TORCH_DTYPE[kv_cache_dtype].itemsize == 1
     block, position = slots // BLOCK, slots % BLOCK
     return {
-        "k_codes": key_cache[block, position, :, :codes].view(torch.uint8).clone(),
-        "v_codes": value_cache[block, position, :, :codes].view(torch.uint8).clone(),
-        "k_scales": k_scale[block, position].clone(),
-        "v_scales": v_scale[block, position].clone(),
+        "k_codes": key_cache[block, position, :, :codes].view(torch.uint8).cpu(),
+        "v_codes": value_cache[block, position, :, :codes].view(torch.uint8).cpu(),
+        "k_scales": k_scale[block, position].cpu(),
+        "v_scales": v_scale[block, position].cpu(),
     }
 
 
@@ -77,19 +80,24 @@ def write_slots(key, value, slots, kv_cache_dtype: str):
 
     fmt = per_token_head.PTH_FORMATS[kv_cache_dtype]
     num_heads, head_size = key.shape[1], key.shape[2]
-    raw = torch.zeros(int(slots.max()) + 1, 1, num_heads, fmt.record_bytes(head_size), dtype=torch.uint8)
+    raw = torch.zeros(int(slots.max()) + 1, 1, num_heads, fmt.record_bytes(head_size), dtype=torch.uint8,
+                      device=key.device)
     cache = per_token_head.cache_views(raw, fmt, num_heads, head_size)
     per_token_head.vllm_write(key, value, cache, slots)
-    return cache.rows.clone()
+    return cache.rows.cpu()
 
 
 def main(in_path: str, out_path: str) -> None:
-    _real_triton()
     import torch
 
-    cases = torch.load(in_path)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        _real_triton()
+    cases = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in c.items()}
+             for c in torch.load(in_path)]
     results = [{**write_stock(c["key"], c["value"], c["slots"], c["kv_cache_dtype"]),
-                "slot_records": write_slots(c["key"], c["value"], c["slots"], c["kv_cache_dtype"])}
+                "slot_records": write_slots(c["key"], c["value"], c["slots"], c["kv_cache_dtype"]),
+                "device": device}
                for c in cases]
     torch.save(results, out_path)
 
