@@ -34,8 +34,8 @@ def test_split_and_default_worker_count():
     assert split(10, 3) == [4, 3, 3] and split(2, 2) == [1, 1] and sum(split(257, 5)) == 257
     cores = available_cores()
     assert client_workers(None, CONCURRENCY, STREAMS_PER_WORKER) == 1
-    assert client_workers(None, CONCURRENCY, 256) == min(cores, 11)
-    assert client_workers(None, CONCURRENCY, 10_000) == cores  # never more than the cores
+    assert client_workers(None, CONCURRENCY, 256) == min(max(1, cores // 2), 11)
+    assert client_workers(None, CONCURRENCY, 10_000) == max(1, cores // 2)  # half the cores at most
     assert client_workers(4, CONCURRENCY, 2) == 2  # never more than a closed loop's streams
     assert client_workers(3, RATE, 0.5) == 3 and client_workers(1, CONCURRENCY, 256) == 1
 
@@ -99,6 +99,17 @@ def test_a_busy_client_is_named_the_limit_with_the_fix():
     (note,) = client_notes(result)
     assert "the client was the limit at c=256 " in note and "c=8" not in note
     assert ("raise --client-workers" in note) == (available_cores() > 1)
+
+
+def test_late_wakeups_of_idle_workers_are_named_a_shared_host_not_a_busy_client():
+    from proxima.bench.results import BenchResult, LevelResult, ServerRun
+
+    level = LevelResult("a", CONCURRENCY, 512, client_workers=2, client_cpu=0.22,
+                        client_cpu_by_process=[0.05, 0.22, 0.2], client_loop_lag_p99_s=0.022)
+    result = BenchResult("now", "cmd", {}, {}, [ServerRun("a", "http://a", levels=[level])])
+    (note,) = client_notes(result)
+    assert "waited for a CPU at c=512" in note and "lag p99 22 ms" in note and "busiest at 22%" in note
+    assert "the client was the limit" not in note
 
 
 def test_an_avalanche_seen_by_the_parent_stops_every_worker_and_loses_nothing():

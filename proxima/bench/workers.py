@@ -52,10 +52,18 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def default_worker_cap() -> int:
+    """The most workers bench starts unasked: half the cores. The server under test often shares the
+    host (its API server and engine core each keep a core busy), and a worker needs a core when its
+    streams' tokens arrive: on the H200's 16-core host at c=512, 16 workers at 11-23% of a core each
+    woke up to 22 ms late (p99) where 11 at c=256 woke within 6 ms (docs/benchmarks.md, issue 29)."""
+    return max(1, available_cores() // 2)
+
+
 def client_workers(asked: int | None, kind: str, value: float) -> int:
-    """Worker processes for one level: as asked, else one per STREAMS_PER_WORKER, at most one per
-    core; never more than a concurrency level's streams."""
-    wanted = asked or min(available_cores(), math.ceil(value / STREAMS_PER_WORKER))
+    """Worker processes for one level: as asked, else one per STREAMS_PER_WORKER, at most
+    `default_worker_cap`; never more than a concurrency level's streams."""
+    wanted = asked or min(default_worker_cap(), math.ceil(value / STREAMS_PER_WORKER))
     return max(1, min(wanted, int(value)) if kind == CONCURRENCY else wanted)
 
 

@@ -95,7 +95,7 @@ def bench(
         "servers share (a broken engine shows in the same run)."),
     client_workers: int | None = typer.Option(
         None, "--client-workers",
-        help="Processes sending the load (default: one per 24 streams or req/s, at most one per core; "
+        help="Processes sending the load (default: one per 24 streams or req/s, at most half the cores; "
         "1: bench's own event loop)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Directory for results, workload and report."),
     log_dir: Path | None = typer.Option(
