@@ -36,6 +36,8 @@ FORMATS = tuple(pth.PTH_FORMATS)
 MIXED = [(1, 21), (7, 7), (5, 19), (1, 1), (0, 6), (12, 30), (1, 9), (3, 3), (0, 0)]
 DECODES = [(1, 13), (1, 1), (1, 40), (1, 7), (1, 26)]
 CHUNKED = [(9, 25), (20, 41), (4, 4)]
+# Contexts over several of the int4 plan's 128-token KV tiles: the online softmax across tiles.
+LONG_DECODES = [(1, 300), (1, 129), (2, 260), (1, 5)]
 
 
 # -- bytes: Proxima's writers against vLLM's ----------------------------------------------------
@@ -217,6 +219,14 @@ def test_torch_path_matches_float64(name, heads, head_size, fragmented):
 def test_triton_path_matches_float64(name, requests, heads, head_size):
     ta = triton_attention_or_skip()
     pb = pth_batch(requests, heads, head_size, name, seed=len(requests) + head_size)
+    out = ta.slot_attention_triton(*pb.args(), kv_scales=pb.cache)
+    assert_rows(out, oracle(pb), pb.batch.num_queries, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_triton_decodes_over_several_kv_tiles_match_float64(name):
+    ta = triton_attention_or_skip()
+    pb = pth_batch(LONG_DECODES, (4, 2), 64, name, seed=21)
     out = ta.slot_attention_triton(*pb.args(), kv_scales=pb.cache)
     assert_rows(out, oracle(pb), pb.batch.num_queries, atol=1e-4, rtol=1e-4)
 
