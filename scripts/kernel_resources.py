@@ -10,7 +10,12 @@ bundled cuobjdump and each build's shared memory from Triton. Measured on the H2
 where a decode program fits three to an SM (docs/benchmarks.md); fp16 dots in the mixed plan's long
 tiles took it to 255 and spilled.
 
-usage: python scripts/kernel_resources.py [--json] [--fp8-decode-tiles]   (TRITON_INTERPRET must be unset)
+With `--loop-ops`, also each variant's largest loop (the KV tile loop) in SASS: its instructions a
+thread and the kinds that cost (shared-memory traffic, integer moves, tensor-core ops); per-tile work
+is that times the warps.
+
+usage: python scripts/kernel_resources.py [--json] [--fp8-decode-tiles] [--loop-ops]
+       (TRITON_INTERPRET must be unset)
 Run by tests/test_kernel_resources.py, in a subprocess of its own.
 """
 
@@ -135,20 +140,43 @@ def build(ptrs: dict, const: dict, tiles):
     return triton.compile(src, target=TARGET, options=options)
 
 
-def resources(kernel) -> dict[str, int]:
-    """Registers and stack (from the cubin) and shared memory (Triton's launch needs it, and fails
-    past the GPU's 227 KiB: no CPU test would notice otherwise) of one compiled variant."""
-    cubin = kernel.asm["cubin"]
+LOOP_OPS = ("HGMMA", "HMMA", "LDS", "LDSM", "STS", "LDG", "IMAD", "LOP3", "SHF", "PRMT", "SHFL")
+
+
+def _cuobjdump(kernel, flag: str) -> str:
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        text = subprocess.run([str(tool), "-res-usage", str(path)], capture_output=True, text=True,
-                              check=True).stdout
+        path.write_bytes(kernel.asm["cubin"])
+        return subprocess.run([str(tool), flag, str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def resources(kernel) -> dict[str, int]:
+    """Registers and stack (from the cubin) and shared memory (Triton's launch needs it, and fails
+    past the GPU's 227 KiB: no CPU test would notice otherwise) of one compiled variant."""
+    text = _cuobjdump(kernel, "-res-usage")
     found = re.search(r"REG:(\d+) STACK:(\d+)", text)
     if found is None:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{text}")
     return {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": kernel.metadata.shared}
+
+
+def loop_ops(kernel) -> dict[str, int]:
+    """Instructions of the compiled variant's largest loop (from a backward branch to its target),
+    by opcode (LOOP_OPS and the total)."""
+    sass = _cuobjdump(kernel, "-sass")
+    code = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = [(at - int(t[1], 16), int(t[1], 16), at) for at, ins in code
+             if "BRA" in ins and (t := re.search(r"0x([0-9a-f]+)", ins)) and int(t[1], 16) < at]
+    if not loops:
+        return {"total": 0}
+    _, start, end = max(loops)
+    ops: dict[str, int] = {}
+    for at, ins in code:
+        op = re.match(r"(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ins)
+        if start <= at <= end and op:
+            ops[op[1]] = ops.get(op[1], 0) + 1
+    return {k: ops.get(k, 0) for k in LOOP_OPS} | {"total": sum(ops.values())}
 
 
 def main() -> int:
@@ -156,19 +184,27 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--fp8-decode-tiles", action="store_true",
                    help="instead: the fp8 mixed plan with each decode tile shape the fp8 sweep times")
+    p.add_argument("--loop-ops", action="store_true", help="also the KV tile loop's instructions by kind")
     args = p.parse_args()
     if os.environ.get("TRITON_INTERPRET"):
         print("kernel_resources: unset TRITON_INTERPRET (the interpreter builds nothing)", file=sys.stderr)
         return 2
     chosen = fp8_decode_tile_variants() if args.fp8_decode_tiles else variants()
-    rows = {name: resources(build(ptrs, const, tiles)) for name, ptrs, const, tiles in chosen}
+    rows = {}
+    for name, ptrs, const, tiles in chosen:
+        kernel = build(ptrs, const, tiles)
+        rows[name] = resources(kernel) | {"warps": tiles.num_warps}
+        if args.loop_ops:
+            rows[name]["loop"] = loop_ops(kernel)
     if args.json:
         print(json.dumps(rows))
     else:
         width = max(map(len, rows))
         for name, r in rows.items():
             print(f"{name:<{width}} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B"
-                  f"  shared {r['shared_bytes'] >> 10:>3} KiB")
+                  f"  shared {r['shared_bytes'] >> 10:>3} KiB"
+                  + ("  loop " + " ".join(f"{k} {v}" for k, v in r["loop"].items())
+                     + f" (x{r['warps']} warps)" if "loop" in r else ""))
     return 0
 
 
