@@ -137,7 +137,7 @@ def drive(engine, variant: str, workload_name: str, requests: int, seed: int) ->
         "slots_total": recorder.last_kv.slots_total,
         "slot_efficiency_mean": recorder.slot_efficiency(),
         "running_peak": recorder.running_peak(), "running_mean": recorder.running_mean(),
-        "running_while_waiting": recorder.running_mean_while_waiting()[0],
+        "running_mean_while_waiting": recorder.running_mean_while_waiting()[0],
         "preemptions": recorder.preemptions, "output_tokens": output_tokens,
         "prompt_tokens": prompt_tokens, "cache_hit_tokens": hit_tokens,
         "tokens_computed": sum(s.num_scheduled_tokens for s in steps),
@@ -171,10 +171,9 @@ def main() -> None:
     results = {name: run_isolated(run_engine, model, name, args.workload, args.requests, args.kv_tokens,
                                   args.seed, args.kv_cache_dtype)
                for name in args.variants.split(",")}
-    cols = ["slots_total", "slot_efficiency_mean", "running_peak", "running_mean", "running_while_waiting",
-            "preemptions",
-            "prompt_tokens", "cache_hit_tokens", "tokens_computed", "output_tokens_per_s",
-            "schedule_ms_p50", "schedule_ms_p99"]
+    cols = ["slots_total", "slot_efficiency_mean", "running_peak", "running_mean",
+            "running_mean_while_waiting", "preemptions", "prompt_tokens", "cache_hit_tokens",
+            "tokens_computed", "output_tokens_per_s", "schedule_ms_p50", "schedule_ms_p99"]
     print(f"workload {args.workload}, a KV budget of {args.kv_tokens} float32 tokens of the tiny "
           f"model, KV dtype {args.kv_cache_dtype}")
     print(f"{'engine':<16}" + "".join(f"{c:>20}" for c in cols))
@@ -193,7 +192,7 @@ def main() -> None:
                   f"(contexts being prefilled)")
     for base in (n for n in results if n.startswith("stock") and px is not None):
         b = results[base]
-        waiting = px["running_while_waiting"] / max(b["running_while_waiting"], 1e-9)
+        waiting = px["running_mean_while_waiting"] / max(b["running_mean_while_waiting"], 1e-9)
         print(f"mean running proxima/{base}: {px['running_mean'] / b['running_mean']:.2f}x; "
               f"while requests wait: {waiting:.2f}x")
     if args.json:
