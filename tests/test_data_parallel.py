@@ -19,7 +19,7 @@ import pytest
 
 from proxima.metrics import catalog as c
 from proxima.scrape import KVSnapshot, parse_metrics
-from proxima.server_process import ManagedServer, ServerSpec, ServerStartError
+from proxima.server_process import ManagedServer, ServerSpec
 from tests.conftest import SERVER_ARGS
 
 DP2_TEXT = (Path(__file__).parent / "data" / "dp2" / "metrics.txt").read_text()
@@ -62,34 +62,14 @@ def _sample(name: str, engine: str) -> float:
     raise AssertionError(f"{name} engine={engine} not in the exposition")
 
 
-def _start_two_engine_server(tiny_model: str, server_logs: Path) -> ManagedServer:
-    """vLLM 0.26 gives each data-parallel engine's workers a torch.distributed port from
-    `get_open_port()`, which binds port 0 and lets it go; the worker binds it seconds later, and
-    another process (the other engine's among them) can take it in between: seen once in CI as
-    EADDRINUSE at start. That race is vLLM's, not what this test checks: one more start on fresh
-    ports, only for that error."""
-    def start(attempt: int) -> ManagedServer:
-        spec = ServerSpec(model=tiny_model, variant="token", log_path=server_logs / f"dp2-start{attempt}.log",
-                          args=(*SERVER_ARGS, "--data-parallel-size", "2"))
-        server = ManagedServer(spec)
-        try:
-            return server.start()
-        except ServerStartError:
-            server.stop()  # closes its log
-            raise
-
-    try:
-        return start(1)
-    except ServerStartError:
-        if "EADDRINUSE" not in (server_logs / "dp2-start1.log").read_text(errors="replace"):
-            raise
-    return start(2)
-
-
 @pytest.mark.engine
 def test_a_two_engine_server_labels_each_engine_and_ratios_stay_within_one(tiny_model, server_logs):
     stop = threading.Event()
-    with _start_two_engine_server(tiny_model, server_logs) as server, \
+    # vLLM gives each data-parallel engine's workers a port from `get_open_port()` (bind port 0, let
+    # it go) that they bind seconds later: ManagedServer starts once more when that race is lost.
+    spec = ServerSpec(model=tiny_model, variant="token", log_path=server_logs / "dp2.log",
+                      args=(*SERVER_ARGS, "--data-parallel-size", "2"))
+    with ManagedServer(spec) as server, \
             concurrent.futures.ThreadPoolExecutor(8) as pool:
         def keep_sending(words: int) -> list[int]:
             codes = []
