@@ -23,6 +23,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -371,6 +372,30 @@ def completion_answer(payload: object, max_tokens: int,
     if completion_tokens > max_tokens or (ids is not None and len(ids) > max_tokens):
         raise MalformedAnswer(f"more tokens than the {max_tokens} asked for")
     return text or "", tuple(ids) if ids is not None else None, prompt_tokens, completion_tokens
+
+
+def completion_prompt_ids(payload: object) -> tuple[int, ...] | None:
+    """The prompt's token ids of a /v1/completions answer asked with ``"return_token_ids": true``
+    (vLLM 0.26); None when absent or not a list of ids (never raises)."""
+    try:
+        ids = payload["choices"][0]["prompt_token_ids"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return tuple(ids) if isinstance(ids, list) and all(is_count(t) for t in ids) else None
+
+
+def prompt_token_ranks(payload: object, token_ids: Sequence[int], scored_from: int) -> tuple[int, ...] | None:
+    """Each prompt token's rank (1: the server's most likely next token there) at positions
+    ``scored_from`` on, from a /v1/completions answer asked with ``"prompt_logprobs"`` (vLLM lists
+    the actual token at every position, with its rank); None when not of that shape."""
+    try:
+        entries = payload["choices"][0]["prompt_logprobs"]
+        if len(entries) != len(token_ids) or scored_from < 1:
+            return None
+        ranks = tuple(entries[i][str(token_ids[i])]["rank"] for i in range(scored_from, len(token_ids)))
+    except (KeyError, IndexError, TypeError):
+        return None
+    return ranks if all(is_count(r) and r >= 1 for r in ranks) else None
 
 
 def completion_top_logprobs(payload: object) -> tuple[dict[str, float], ...] | None:

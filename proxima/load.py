@@ -34,10 +34,12 @@ from proxima.fetch import (
     auth_headers,
     client_limits,
     completion_answer,
+    completion_prompt_ids,
     completion_top_logprobs,
     describe_http_error,
     fetch,
     parse_json,
+    prompt_token_ranks,
 )
 
 WORDS = (
@@ -113,6 +115,7 @@ class Completion:
     error: str | None = None
     # Asked for (`complete(top_logprobs=n)`): each position's n most likely tokens, text -> logprob.
     top_logprobs: tuple[dict[str, float], ...] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None  # vLLM returns them with the completion's ids
 
 
 @dataclass(slots=True)
@@ -179,7 +182,24 @@ class LoadDriver:
             return Completion(ok=False, error=f"malformed answer: {err}", latency_s=latency)
         return Completion(ok=True, text=text, token_ids=ids, prompt_tokens=prompt_tokens,
                           completion_tokens=completion_tokens, latency_s=latency,
-                          top_logprobs=completion_top_logprobs(payload) if "logprobs" in body else None)
+                          top_logprobs=completion_top_logprobs(payload) if "logprobs" in body else None,
+                          prompt_token_ids=completion_prompt_ids(payload))
+
+    async def teacher_forced_ranks(self, token_ids: Sequence[int], scored_from: int, *,
+                                   url: str | None = None, model: str | None = None,
+                                   timeout: float = 60.0) -> tuple[int, ...] | None:
+        """The server fed `token_ids` as one prompt: the rank of each of them from position
+        `scored_from` on among its next-token choices there (1: its own greedy choice). None when the
+        server cannot say (an error, or a server without vLLM's ``prompt_logprobs``)."""
+        body = {"model": model or self.model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 1}
+        try:
+            answer = await fetch(self.client, "POST", completions_url(url or self.url), timeout,
+                                 json_body=body)
+            payload = answer.json() if answer.status == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return prompt_token_ranks(payload, token_ids, scored_from)
 
     async def burst(self, prompts: Sequence[str], max_tokens: int, timeout: float,
                     **kwargs) -> list[Completion]:

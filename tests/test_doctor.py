@@ -10,15 +10,19 @@ cases, started together in the background as soon as the first test needs them:
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import httpx
 import pytest
 
+from proxima.load import LoadDriver, make_prompt
 from proxima.probes.allocator import MAX_STEP_P99_S
 from proxima.probes.runner import CHECKS
 from proxima.scrape import scrape_sync
@@ -266,6 +270,26 @@ def test_determinism_finds_divergence_against_other_weights(proxima_server, faul
     where = [v for k, v in ev.items() if k.startswith("vs_compare.prompt")]
     assert len(where) == num_divergent and all(w.startswith("diverges at token ") for w in where)
     assert "diverge vs compare at token" in det["summary"]
+    # Fed the reference's own tokens, other weights pick other next tokens: not rounding drift.
+    forced = [re.search(r"same next token at (\d+)/(\d+) positions", w) for w in where]
+    assert all(m and int(m[2]) == 24 and int(m[1]) < 0.9 * 24 for m in forced), where
+
+
+@pytest.mark.engine
+def test_a_greedy_answer_fed_back_is_each_engines_first_choice_at_every_position(
+        proxima_server, stock_server, tiny_model):
+    """What the determinism check's teacher forcing reads: float32 engines computing the same thing
+    rank every token of either one's greedy answer first."""
+    async def ranks() -> list[tuple[int, ...] | None]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            driver = LoadDriver(client, proxima_server.url, tiny_model)
+            answer = await driver.complete(make_prompt(3, 20), 24, seed=1)
+            assert answer.ok and answer.prompt_token_ids and len(answer.token_ids) == 24
+            ids, start = (*answer.prompt_token_ids, *answer.token_ids), len(answer.prompt_token_ids)
+            return [await driver.teacher_forced_ranks(ids, start, url=url) for url in
+                    (proxima_server.url, stock_server.url)]
+
+    assert asyncio.run(ranks()) == [(1,) * 24] * 2
 
 
 @pytest.mark.engine

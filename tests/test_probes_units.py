@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,12 @@ from rich.console import Console
 
 from proxima import runbooks
 from proxima.cli.doctor import render
-from proxima.fetch import completion_top_logprobs
+from proxima.fetch import completion_top_logprobs, prompt_token_ranks
 from proxima.load import Completion, make_prompt
 from proxima.probes import runner
 from proxima.probes.adoption import estimate_block_waste
-from proxima.probes.base import ProbeResult, Status
-from proxima.probes.determinism import TIE_NATS, Readings, compare_runs, first_divergence, judge
+from proxima.probes.base import ProbeResult, Status, Verdict
+from proxima.probes.determinism import TIE_NATS, Divergence, Readings, compare_runs, first_divergence, judge
 from proxima.probes.environment import local_versions
 from proxima.probes.oom_risk import RampStep
 from proxima.probes.trend import linear_trend
@@ -98,6 +99,39 @@ def test_a_divergence_at_a_near_tie_is_told_from_a_real_one():
         == Status.FAIL
     # The same server diverging from itself fails even at a tie: nothing should differ there.
     assert judge(Readings({"repeat": {0: found[0]}, "under_load": {}}, False, evidence)).status == Status.FAIL
+
+
+def test_a_clear_margin_parting_is_rounding_when_teacher_forced_next_tokens_agree():
+    clear = Divergence("token 9 (5 vs 6)")
+
+    def verdict(*found: Divergence) -> Verdict:
+        vs_compare = dict(enumerate(found))
+        return judge(Readings({"repeat": {}, "under_load": {}, "vs_compare": vs_compare}, True, {}))
+
+    drift = replace(clear, forced=(23, 24))  # 96%: bf16 engines agree on ~98% of next tokens
+    assert verdict(drift).status == Status.WARN and "same next token at 90%" in verdict(drift).summary
+    assert verdict(drift, Divergence("token 2 (1 vs 2)", tie_gap=0.05)).status == Status.WARN
+    assert verdict(replace(clear, forced=(21, 24))).status == Status.FAIL  # 87.5%: int4 KV's level
+    assert verdict(clear).status == Status.FAIL  # the compare server could not be asked
+    assert verdict(replace(clear, forced=(0, 0))).status == Status.FAIL
+    assert verdict(drift, clear).status == Status.FAIL
+
+
+def test_prompt_token_ranks_are_read_from_a_vllm_prompt_logprobs_answer():
+    # The shape vLLM 0.26 answers with "prompt_logprobs": 1 (the actual token listed with its rank).
+    answer = {"choices": [{"prompt_logprobs": [
+        None,
+        {"78": {"logprob": -7.4, "rank": 178, "decoded_token": "l"}, "466": {"logprob": -2.2, "rank": 1}},
+        {"339": {"logprob": -2.6, "rank": 1, "decoded_token": "model"}},
+        {"275": {"logprob": -9.1, "rank": 2}, "491": {"logprob": -1.0, "rank": 1}},
+    ]}]}
+    assert prompt_token_ranks(answer, [260, 78, 339, 275], 1) == (178, 1, 2)
+    assert prompt_token_ranks(answer, [260, 78, 339, 275], 2) == (1, 2)
+    for ids, start in (([260, 78, 339], 1), ([260, 78, 339, 999], 1), ([260, 78, 339, 275], 0)):
+        assert prompt_token_ranks(answer, ids, start) is None  # wrong length, unlisted token, no entry
+    for broken in ({"choices": [{"prompt_logprobs": None}]}, {"choices": []}, None,
+                   {"choices": [{"prompt_logprobs": [None, {"78": {"rank": "1"}}]}]}):
+        assert prompt_token_ranks(broken, [260, 78], 1) is None
 
 
 def test_top_logprobs_are_read_from_a_vllm_completions_answer():
