@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 
-from proxima.load import Completion, make_prompt
+from proxima.load import Completion, LoadDriver, make_prompt
 from proxima.probes.base import (
     Evidence,
     ProbeContext,
@@ -171,8 +171,8 @@ async def gather(ctx: ProbeContext) -> Readings:
         evidence["compare_url"] = ctx.compare_url
         evidence["compare_model"] = compare_model
         compared = await _alone(ctx, prompts, ctx.compare_url, compare_model)
-        diverged["vs_compare"] = await _teacher_forced(ctx, reference, compare_runs(reference, compared),
-                                                       compare_model)
+        diverged["vs_compare"] = await teacher_forced(ctx.load, reference, compare_runs(reference, compared),
+                                                      ctx.compare_url, compare_model)
     for name, found in diverged.items():
         evidence[f"{name}_divergent"] = f"{len(found)}/{NUM_PROMPTS}"
         for i, d in sorted(found.items()):
@@ -184,17 +184,17 @@ async def gather(ctx: ProbeContext) -> Readings:
     return Readings(diverged, bool(ctx.compare_url), evidence)
 
 
-async def _teacher_forced(ctx: ProbeContext, reference: list[Completion], found: dict[int, Divergence],
-                          compare_model: str | None) -> dict[int, Divergence]:
-    """Each clear-margin divergence from the compare server, with that server's next-token choices
-    over the reference's own prompt and answer (left as it is when the server cannot say)."""
+async def teacher_forced(driver: LoadDriver, reference: list[Completion], found: dict[int, Divergence],
+                         url: str | None = None, model: str | None = None) -> dict[int, Divergence]:
+    """Each clear-margin divergence, with the server at `url` (the driver's by default) fed the
+    reference's own prompt and answer: how many of the answer's tokens it ranks first (left as it
+    is when the server cannot say)."""
     for i, d in found.items():
         ref = reference[i]
-        if d.tie_gap is not None or ref.token_ids is None or ref.prompt_token_ids is None:
+        if d.tie_gap is not None or not ref.ok or ref.token_ids is None or ref.prompt_token_ids is None:
             continue
-        ranks = await ctx.load.teacher_forced_ranks((*ref.prompt_token_ids, *ref.token_ids),
-                                                    len(ref.prompt_token_ids), url=ctx.compare_url,
-                                                    model=compare_model)
+        ranks = await driver.teacher_forced_ranks((*ref.prompt_token_ids, *ref.token_ids),
+                                                  len(ref.prompt_token_ids), url=url, model=model)
         if ranks:
             found[i] = replace(d, forced=(sum(r == 1 for r in ranks), len(ranks)))
     return found

@@ -196,7 +196,8 @@ def test_check_answers_finds_the_float32_servers_answer_alike(launched_ab, tmp_p
     result, _, _ = launched_ab
     (check,) = result.answer_check
     assert (check["reference"], check["test"], check["num_prompts"]) == ("block", "token", 120)
-    assert (check["identical"], check["near_ties"], check["differ"], check["failed"]) == (120, 0, 0, 0)
+    assert (check["identical"], check["near_ties"], check["drift"], check["differ"], check["failed"]) \
+        == (120, 0, 0, 0, 0)
     assert check["kv_dtypes"] == ["auto", "auto"] and not check["expected_to_differ"]
     assert check["examples"] == []
     assert "answers, token against block: 120/120 greedy answers identical" in " ".join(result.notes)

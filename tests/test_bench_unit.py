@@ -11,6 +11,7 @@ import json
 import random
 import re
 import xml.dom.minidom
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -341,24 +342,34 @@ def test_a_signal_while_results_are_written_waits_until_they_are_complete():
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
-def test_answer_check_counts_ties_clear_differences_and_failures():
-    from proxima.bench.answers import QUESTIONS, compare
+def test_answer_check_counts_ties_drift_clear_differences_and_failures():
+    from proxima.bench.answers import QUESTIONS, Answers, compare
     from proxima.load import Completion
+    from proxima.probes.determinism import compare_runs
 
     def answer(ids, top=None):
         return Completion(ok=True, token_ids=ids, top_logprobs=top)
 
     tied = ({" a": -0.1}, {" x": -0.70, " y": -0.71})
-    ref = [answer((1, 2), tied), answer((1, 2)), answer((1, 2)), answer((1, 2))]
-    test = [answer((1, 3), ({" a": -0.1}, {" y": -0.69, " x": -0.72})), answer((9, 9)),
-            Completion(ok=False, error="HTTP 500"), answer((1, 2))]
+    ref = Answers([answer((1, 2), tied), answer((1, 2)), answer((1, 2)), answer((1, 2)), answer((4, 5))])
+    completions = [answer((1, 3), ({" a": -0.1}, {" y": -0.69, " x": -0.72})), answer((9, 9)),
+                   Completion(ok=False, error="HTTP 500"), answer((1, 2)), answer((4, 6))]
+    found = compare_runs(ref.completions, completions)
+    # Teacher-forced on the test server: prompt 4's parting is drift (31/32), prompt 1's is not (12/32).
+    found[4] = replace(found[4], forced=(31, 32))
+    found[1] = replace(found[1], forced=(12, 32))
+    test = Answers(completions, found)
     check = compare("stock", ref, "token", test, ("auto", "auto"))
-    counts = (check.num_prompts, check.identical, check.near_ties, check.differ, check.failed)
-    assert counts == (4, 1, 1, 1, 1)
+    counts = (check.num_prompts, check.identical, check.near_ties, check.drift, check.differ, check.failed)
+    assert counts == (5, 1, 1, 1, 1, 1)
     assert check.examples == (f"{QUESTIONS[1]!r} at token 0 (1 vs 9)",)
     text = check.describe()
-    assert text.startswith("answers, token against stock: 1/4 greedy answers identical")
+    assert text.startswith("answers, token against stock: 1/5 greedy answers identical")
     assert "1 part at a near tie" in text and "1 differ at a clear margin" in text and "1 failed" in text
+    assert "1 part at a clear margin after rounding drift" in text
     assert "Same KV dtype" in text
+    # Without teacher forcing (a server that could not be asked) both clear partings count as differing.
+    untested = compare("stock", ref, "token", Answers(completions), ("auto", "auto"))
+    assert (untested.drift, untested.differ) == (0, 2)
     other = compare("stock", ref, "token-int4", test, ("auto", "int4_per_token_head"))
     assert other.expected_to_differ and "expected to differ" in other.describe()

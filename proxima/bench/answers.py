@@ -6,7 +6,10 @@ Prompts are the accuracy set's questions (`proxima.chat_prompts`) as plain compl
 answers them, chat template or not), `ANSWER_TOKENS` greedy tokens each with a fixed seed and
 `ignore_eos`, compared as token ids. A difference is classified as `probes.determinism` does: at a
 near tie (both servers list both choices among their top logprobs, within `TIE_NATS`) two correct
-engines that round differently part ways; anywhere else they compute different things.
+engines that round differently part ways; at a clear margin, each later server is fed the first
+server's prompt and answer while it is up (teacher forcing), and picking the same next token at
+`FORCED_AGREEMENT` of the positions or more it parted through rounding drift that compounded over
+the answer; anything else is a different computation.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ from dataclasses import dataclass
 
 from proxima.chat_prompts import GENERAL_QUESTIONS, SUPPORT_QUESTIONS
 from proxima.load import Completion, LoadDriver, new_http_client
-from proxima.probes.determinism import TIE_NATS, TOP_LOGPROBS, compare_runs
+from proxima.probes.determinism import (
+    FORCED_AGREEMENT,
+    TIE_NATS,
+    TOP_LOGPROBS,
+    Divergence,
+    compare_runs,
+    teacher_forced,
+)
 
 ANSWER_TOKENS = 32
 CONCURRENCY = 8
@@ -30,8 +40,19 @@ def answer_prompts() -> list[str]:
     return [f"Question: {q}\nAnswer:" for q in QUESTIONS]
 
 
-async def collect(url: str, model: str, request_timeout_s: float, api_key: str | None) -> list[Completion]:
-    """Every answer prompt's greedy completion from one server, in prompt order."""
+@dataclass(frozen=True, slots=True)
+class Answers:
+    """One server's greedy completions, in prompt order, and where they leave the first server's
+    (teacher-forced on this server; None for the first server itself)."""
+
+    completions: list[Completion]
+    vs_first: dict[int, Divergence] | None = None
+
+
+async def collect(url: str, model: str, request_timeout_s: float, api_key: str | None,
+                  first: Answers | None = None) -> Answers:
+    """Every answer prompt's greedy completion from one server; with `first` (the first server's
+    answers), also how these leave them, asked of this server while it is up."""
     async with new_http_client(request_timeout_s, api_key) as http:
         driver = LoadDriver(http, url, model)
         sem = asyncio.Semaphore(CONCURRENCY)
@@ -41,7 +62,11 @@ async def collect(url: str, model: str, request_timeout_s: float, api_key: str |
                 return await driver.complete(prompt, ANSWER_TOKENS, seed=SEED, timeout=request_timeout_s,
                                              top_logprobs=TOP_LOGPROBS)
 
-        return list(await asyncio.gather(*(one(p) for p in answer_prompts())))
+        completions = list(await asyncio.gather(*(one(p) for p in answer_prompts())))
+        if first is None:
+            return Answers(completions)
+        found = compare_runs(first.completions, completions)
+        return Answers(completions, await teacher_forced(driver, first.completions, found))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +78,8 @@ class AnswerCheck:
     num_prompts: int
     identical: int
     near_ties: int  # differ, first at a near tie
-    differ: int  # differ at a clear margin (or could not be told apart from one)
+    drift: int  # differ at a clear margin, but fed the same tokens the servers agree (rounding drift)
+    differ: int  # differ, and not told from a different computation
     failed: int  # a request failed on either server
     kv_dtypes: tuple[str | None, str | None]
     examples: tuple[str, ...]  # the first few clear differences: prompt and first differing token
@@ -70,6 +96,10 @@ class AnswerCheck:
         if self.near_ties:
             parts.append(f"{self.near_ties} part at a near tie (both servers' top logprobs within "
                          f"{TIE_NATS} nats: rounding, not a different computation)")
+        if self.drift:
+            parts.append(f"{self.drift} part at a clear margin after rounding drift (fed the same "
+                         f"tokens, the servers pick the same next token at {FORCED_AGREEMENT:.0%} of "
+                         "positions or more)")
         if self.differ:
             parts.append(f"{self.differ} differ at a clear margin"
                          + (f", e.g. {'; '.join(self.examples)}" if self.examples else ""))
@@ -85,12 +115,16 @@ class AnswerCheck:
         return text
 
 
-def compare(reference: str, ref_answers: list[Completion], test: str, test_answers: list[Completion],
+def compare(reference: str, ref_answers: Answers, test: str, test_answers: Answers,
             kv_dtypes: tuple[str | None, str | None]) -> AnswerCheck:
-    found = compare_runs(ref_answers, test_answers)
+    found = test_answers.vs_first
+    if found is None:
+        found = compare_runs(ref_answers.completions, test_answers.completions)
     failed = [i for i, d in found.items() if d.where.startswith("request failed")]
     ties = [i for i, d in found.items() if d.tie_gap is not None]
-    clear = sorted(set(found) - set(failed) - set(ties))
+    drift = [i for i, d in found.items() if d.tie_gap is None and d.forced_agrees]
+    clear = sorted(set(found) - set(failed) - set(ties) - set(drift))
     examples = tuple(f"{QUESTIONS[i]!r} at {found[i].where}" for i in clear[:3])
-    return AnswerCheck(reference, test, len(ref_answers), len(ref_answers) - len(found), len(ties),
-                       len(clear), len(failed), kv_dtypes, examples)
+    num = len(ref_answers.completions)
+    return AnswerCheck(reference, test, num, num - len(found), len(ties), len(drift), len(clear), len(failed),
+                       kv_dtypes, examples)

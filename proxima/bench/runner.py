@@ -148,8 +148,9 @@ def _measure_group(plan: BenchPlan, group: list[_Served], observer: Observer, ru
 
         for target, run in pairs:
             observer.event(f"{run.label}: answering {len(answer_prompts())} fixed prompts (--check-answers)")
+            first = next(iter(answers.values()), None)  # the first server's, when answered before
             answers[run.label] = asyncio.run(collect(target.url, target.model, plan.params.request_timeout_s,
-                                                     plan.params.api_key))
+                                                     plan.params.api_key, first))
     for target, run in pairs:
         if plan.warmup:
             observer.event(f"{run.label}: {plan.warmup} warm-up requests (not measured)")
