@@ -29,17 +29,19 @@ from dataclasses import dataclass
 
 import httpx
 
+from proxima.completion_answers import (
+    completion_answer,
+    completion_prompt_ids,
+    completion_top_logprobs,
+    prompt_token_ranks,
+)
 from proxima.fetch import (
     MalformedAnswer,
     auth_headers,
     client_limits,
-    completion_answer,
-    completion_prompt_ids,
-    completion_top_logprobs,
     describe_http_error,
     fetch,
     parse_json,
-    prompt_token_ranks,
 )
 
 WORDS = (

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from proxima import runbooks
 from proxima.cli.doctor import render
-from proxima.fetch import completion_top_logprobs, prompt_token_ranks
+from proxima.completion_answers import completion_top_logprobs, prompt_token_ranks
 from proxima.load import Completion, make_prompt
 from proxima.probes import runner
 from proxima.probes.adoption import estimate_block_waste
