@@ -13,8 +13,8 @@ which two correct engines that round differently produce: bf16, one rounding ste
 32 is 0.125 nats), or, teacher-forced, the compare server fed the reference's own tokens picks the
 same next token at `FORCED_AGREEMENT` of the positions or more. In bf16 rounding differences
 compound over a free-running answer until two correct engines part at a clear margin (stock vLLM
-against itself with another block size does, in 2 of 120 answers on CPU); fed the same tokens,
-they cannot compound: bf16 engines agree on about 98% of next tokens, a quantised KV cache on
+against itself with another block size did in 2 of 120 answers on CPU one day, 0 the next); fed
+the same tokens, they cannot compound: bf16 engines agree on about 98% of next tokens, a quantised KV cache on
 87-90%, other weights on few.
 """
 

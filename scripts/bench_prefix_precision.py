@@ -44,15 +44,16 @@ from proxima.chat_prompts import SUPPORT_QUESTIONS, support_chat
 from proxima.engine.attention import per_token_head as pth
 from proxima.files import atomic_output
 
-# (name, prefix dtype, rest dtype): "fp32" is the reference, stored as computed.
+# (name, prefix dtype, rest dtype, most positions the prefix dtype covers: None for the whole
+# prefix); "fp32" is the reference, stored as computed.
 CONFIGS = (
-    ("bf16 everywhere", "bf16", "bf16"),
-    ("int8 per token head everywhere", "int8_per_token_head", "int8_per_token_head"),
-    ("int4 everywhere", "int4_per_token_head", "int4_per_token_head"),
-    ("int4, first 4 tokens bf16", "bf16@4", "int4_per_token_head"),
-    ("int4, prefix int8 per token head", "int8_per_token_head", "int4_per_token_head"),
-    ("int4, prefix fp8 per token head", "fp8_per_token_head", "int4_per_token_head"),
-    ("int4, prefix bf16", "bf16", "int4_per_token_head"),
+    ("bf16 everywhere", "bf16", "bf16", None),
+    ("int8 per token head everywhere", "int8_per_token_head", "int8_per_token_head", None),
+    ("int4 everywhere", "int4_per_token_head", "int4_per_token_head", None),
+    ("int4, first 4 tokens bf16", "bf16", "int4_per_token_head", 4),
+    ("int4, prefix int8 per token head", "int8_per_token_head", "int4_per_token_head", None),
+    ("int4, prefix fp8 per token head", "fp8_per_token_head", "int4_per_token_head", None),
+    ("int4, prefix bf16", "bf16", "int4_per_token_head", None),
 )
 
 
@@ -68,17 +69,17 @@ def read_back(x: torch.Tensor, dtype: str) -> torch.Tensor:
 
 
 class Placement:
-    """The attention hook's setting: positions `< prefix_len` in `prefix`, the rest in `rest`."""
-    prefix, rest, prefix_len = "fp32", "fp32", 0
+    """The attention hook's setting: positions `< prefix_len` (and `< cap`, when set) in `prefix`,
+    the rest in `rest`."""
+    prefix, rest, prefix_len, cap = "fp32", "fp32", 0, None
 
 
 def _kv_as_cached(t: torch.Tensor) -> torch.Tensor:
     """`[B, Hkv, T, D]` keys or values, each position read back in its placement's dtype."""
     rows = t.transpose(1, 2).float()  # [B, T, Hkv, D]
-    prefix, split = Placement.prefix, Placement.prefix_len
-    if "@" in prefix:  # "bf16@4": only the first 4 positions in bf16
-        prefix, split = prefix.split("@")[0], min(split, int(prefix.split("@")[1]))
-    out = torch.cat([read_back(rows[0, :split], prefix), read_back(rows[0, split:], Placement.rest)])
+    split = Placement.prefix_len if Placement.cap is None else min(Placement.prefix_len, Placement.cap)
+    out = torch.cat([read_back(rows[0, :split], Placement.prefix),
+                     read_back(rows[0, split:], Placement.rest)])
     return out.unsqueeze(0).transpose(1, 2).to(t.dtype)
 
 
@@ -130,11 +131,11 @@ def _prefix_cache(model, ids: list[int]) -> DynamicCache:
 
 
 def measure(model, sequences: list[Sequence], prefix_lens: list[int], reference: list[torch.Tensor],
-            prefix: str, rest: str, shared: int = 0) -> Figures:
+            prefix: str, rest: str, shared: int = 0, cap: int | None = None) -> Figures:
     """Figures of one placement; with `shared`, every sequence starts with the same `shared` tokens,
     computed once."""
     kls, agree, nlls = [], [], []
-    Placement.prefix, Placement.rest = prefix, rest
+    Placement.prefix, Placement.rest, Placement.cap = prefix, rest, cap
     cache = None
     for seq, p_len, ref in zip(sequences, prefix_lens, reference):
         Placement.prefix_len = p_len
@@ -208,8 +209,8 @@ def main() -> int:
         print(f"\n{set_name} (positions after the prefix; perplexity with float32 KV "
               f"{torch.tensor(ref_nll).exp().item():.3f})")
         print(f"{'KV placement':36} {'KL mean':>9} {'KL p99':>8} {'top-1':>7} {'ppl Δ':>7}")
-        for name, prefix, rest in CONFIGS:
-            fig = measure(model, seqs, p_lens, reference, prefix, rest, common)
+        for name, prefix, rest, cap in CONFIGS:
+            fig = measure(model, seqs, p_lens, reference, prefix, rest, common, cap)
             rows[name] = asdict(fig)
             print(f"{name:36} {fig.kl_mean:9.5f} {fig.kl_p99:8.4f} {fig.top1_equal:7.1%} "
                   f"{(torch.tensor(fig.nll_mean - ref_nll).exp().item() - 1):+7.2%}")

@@ -34,8 +34,9 @@ def models(bench, tiny_model):
     return load("proxima_kv_as_cached"), load("sdpa")
 
 
-def _place(bench, prefix: str, rest: str, prefix_len: int) -> None:
-    bench.Placement.prefix, bench.Placement.rest, bench.Placement.prefix_len = prefix, rest, prefix_len
+def _place(bench, prefix: str, rest: str, prefix_len: int, cap: int | None = None) -> None:
+    bench.Placement.prefix, bench.Placement.rest = prefix, rest
+    bench.Placement.prefix_len, bench.Placement.cap = prefix_len, cap
 
 
 IDS = [(37 * i + 11) % 500 + 3 for i in range(96)]
@@ -64,6 +65,11 @@ def test_only_positions_past_the_prefix_read_the_rest_dtype(bench, models):
     # Rows are predictions for positions 1.. : row r has seen positions 0..r.
     torch.testing.assert_close(split[:50], reference[:50], rtol=0, atol=0)
     assert (split[50:] - reference[50:]).abs().amax(-1).min() > 0, "every later position reads int8 KV"
+    # A cap keeps only the prefix's first positions in its dtype (the attention-sink placement).
+    _place(bench, "fp32", "int8_per_token_head", 50, cap=4)
+    sinks = bench._log_probs(hooked, seq)
+    torch.testing.assert_close(sinks[:4], reference[:4], rtol=0, atol=0)
+    assert (sinks[4:] - reference[4:]).abs().amax(-1).min() > 0, "positions 4.. read int8 KV"
     _place(bench, "int8_per_token_head", "fp32", 96)
     everywhere = bench._log_probs(hooked, seq)
     _place(bench, "int8_per_token_head", "int8_per_token_head", 0)

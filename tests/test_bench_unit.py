@@ -367,9 +367,12 @@ def test_answer_check_counts_ties_drift_clear_differences_and_failures():
     assert text.startswith("answers, token against stock: 1/5 greedy answers identical")
     assert "1 part at a near tie" in text and "1 differ at a clear margin" in text and "1 failed" in text
     assert "1 part at a clear margin after rounding drift" in text
+    assert check.forced == ((1, 12, 32), (4, 31, 32))
+    assert "teacher-forced agreement at the clear partings 12/32 at lowest (prompt 1)" in text
     assert "Same KV dtype" in text
     # Without teacher forcing (a server that could not be asked) both clear partings count as differing.
     untested = compare("stock", ref, "token", Answers(completions), ("auto", "auto"))
-    assert (untested.drift, untested.differ) == (0, 2)
+    assert (untested.drift, untested.differ, untested.forced) == (0, 2, ())
+    assert "teacher-forced" not in untested.describe()
     other = compare("stock", ref, "token-int4", test, ("auto", "int4_per_token_head"))
     assert other.expected_to_differ and "expected to differ" in other.describe()

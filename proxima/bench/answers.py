@@ -83,6 +83,9 @@ class AnswerCheck:
     failed: int  # a request failed on either server
     kv_dtypes: tuple[str | None, str | None]
     examples: tuple[str, ...]  # the first few clear differences: prompt and first differing token
+    # Each clear-margin parting that was teacher-forced, in prompt order: (prompt index, positions
+    # where the test server picked the reference's next token, positions scored).
+    forced: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def expected_to_differ(self) -> bool:
@@ -100,6 +103,10 @@ class AnswerCheck:
             parts.append(f"{self.drift} part at a clear margin after rounding drift (fed the same "
                          f"tokens, the servers pick the same next token at {FORCED_AGREEMENT:.0%} of "
                          "positions or more)")
+        if self.forced:
+            low = min(self.forced, key=lambda f: f[1] / f[2])
+            parts.append(f"teacher-forced agreement at the clear partings {low[1]}/{low[2]} at lowest "
+                         f"(prompt {low[0]})")
         if self.differ:
             parts.append(f"{self.differ} differ at a clear margin"
                          + (f", e.g. {'; '.join(self.examples)}" if self.examples else ""))
@@ -125,6 +132,8 @@ def compare(reference: str, ref_answers: Answers, test: str, test_answers: Answe
     drift = [i for i, d in found.items() if d.tie_gap is None and d.forced_agrees]
     clear = sorted(set(found) - set(failed) - set(ties) - set(drift))
     examples = tuple(f"{QUESTIONS[i]!r} at {found[i].where}" for i in clear[:3])
+    forced = tuple((i, *d.forced) for i, d in sorted(found.items())
+                   if d.tie_gap is None and d.forced is not None and d.forced[1] > 0)
     num = len(ref_answers.completions)
     return AnswerCheck(reference, test, num, num - len(found), len(ties), len(drift), len(clear), len(failed),
-                       kv_dtypes, examples)
+                       kv_dtypes, examples, forced)

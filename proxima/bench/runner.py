@@ -258,6 +258,7 @@ def _answer_notes(result: BenchResult, runs: list[ServerRun], answers: dict[str,
                       (ref.kv_cache_dtype, run.kv_cache_dtype)) for run in answered[1:]]
     # Lists, not tuples: the record reads the same before and after a JSON round trip.
     result.answer_check = [asdict(c) | {"kv_dtypes": list(c.kv_dtypes), "examples": list(c.examples),
+                                        "forced": [list(f) for f in c.forced],
                                         "expected_to_differ": c.expected_to_differ} for c in checks]
     return [c.describe() for c in checks]
 
