@@ -33,14 +33,16 @@ def _attend_int4_tiles(
     (128 in bf16, 1024 in fp16) and the bias joins the zero point. V's correction uses P as
     rounded for its dot, so the bias cancels exactly (up to float32 accumulation). All of a tile's
     loads are issued before its first dot, so V's latency hides behind the scores."""
+    # A decode-shaped tile: tokens on the dots' long side. Heads past 128 keep the plain dots (the
+    # transposed ones spill more there: 2,664 bytes of stack at head 256 in float32, sm_90 build).
+    if q.shape[0] <= 16 and HEAD_SIZE <= 128:
+        return _attend_int4_tiles_swapped(
+            q, q_sum, acc, l_i, m_i, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len,
+            q_abs_pos, qk_scale, stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
+            HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION)
     offs_w = tl.arange(0, HEAD_SIZE // 8)
     shift = (tl.arange(0, HEAD_SIZE) % 8) * 4
-    if DOT_DTYPE == tl.bfloat16:  # what _nibbles adds to every code (0: converted, not biased)
-        code_bias = 128
-    elif DOT_DTYPE == tl.float16:
-        code_bias = 1024
-    else:
-        code_bias = 0
+    code_bias = _code_bias(DOT_DTYPE)
     for tile in range(tile_start, tile_end):
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < seq_len
@@ -64,6 +66,65 @@ def _attend_int4_tiles(
         acc -= tl.sum(p.to(tl.float32) * ((v_bits & 0xF) + code_bias).to(tl.float32)[None, :], 1)[:, None]
         m_i = m_new
     return acc, l_i, m_i
+
+
+@triton.jit
+def _attend_int4_tiles_swapped(
+    q, q_sum, acc, l_i, m_i,
+    k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
+    stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
+    HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """``_attend_int4_tiles`` for a tile of at most 16 query rows, both dots transposed: scores^T =
+    K q^T and acc^T += V^T P^T, so the unpacked codes are the dots' first operand ([BLOCK_N, D] and
+    [D, BLOCK_N]: Hopper's wgmma takes it from registers) and the few query rows their narrow side,
+    instead of a 16-row tile with 4 useful rows under GQA 4 reading the codes as its second operand
+    (sm_90 build of the decode variant, one tile of 128 tokens: 1,356 instructions a thread against
+    1,697, IMAD 74 against 399, LDS 27 against 93). The softmax runs along axis 0."""
+    offs_w = tl.arange(0, HEAD_SIZE // 8)
+    shift = (tl.arange(0, HEAD_SIZE) % 8) * 4
+    code_bias = _code_bias(DOT_DTYPE)
+    q_t = tl.trans(q)
+    acc_t = tl.trans(acc)
+    for tile in range(tile_start, tile_end):
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < seq_len
+        # Table entries at or past seq_len are garbage: masked, never dereferenced.
+        slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
+        k_words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None],
+                          other=0)
+        v_words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None],
+                          other=0)
+        k_bits = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+        v_bits = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+        s_t = tl.dot(_nibbles(k_words, shift, DOT_DTYPE), q_t, input_precision=DOT_PRECISION)
+        s_t = s_t - q_sum[None, :] * ((k_bits & 0xF) + code_bias).to(tl.float32)[:, None]
+        s_t = s_t * ((k_bits & -16).to(tl.float32, bitcast=True) * qk_scale)[:, None]
+        visible = n_ok[:, None] & (offs_n[:, None] <= q_abs_pos[None, :])
+        s_t = tl.where(visible, s_t, float("-inf"))
+        # _online_softmax_step along axis 0 (l: P before V's scales)
+        m_new = tl.maximum(m_i, tl.max(s_t, 0))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        p_t = tl.exp2(s_t - m_safe[None, :])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p_t, 0)
+        p_t = (p_t * (v_bits & -16).to(tl.float32, bitcast=True)[:, None]).to(DOT_DTYPE)
+        v_t = tl.trans(_nibbles(v_words, shift, DOT_DTYPE))
+        acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t, input_precision=DOT_PRECISION)
+        acc_t -= tl.sum(p_t.to(tl.float32) * ((v_bits & 0xF) + code_bias).to(tl.float32)[:, None], 0)[None, :]
+        m_i = m_new
+    return tl.trans(acc_t), l_i, m_i
+
+
+@triton.jit
+def _code_bias(DOT_DTYPE: tl.constexpr):
+    """What ``_nibbles`` adds to every code (0: converted, not biased)."""
+    if DOT_DTYPE == tl.bfloat16:
+        return 128
+    elif DOT_DTYPE == tl.float16:
+        return 1024
+    else:
+        return 0
 
 
 @triton.jit
