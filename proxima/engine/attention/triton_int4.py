@@ -28,6 +28,7 @@ def _attend_int4_tiles(
     k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
     stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
     HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """``triton_query_tile._attend_kv_tiles`` over int4 codes: q rotated, ``q_sum`` its rows' sums.
 
@@ -41,7 +42,7 @@ def _attend_int4_tiles(
         return _attend_int4_tiles_swapped(
             q, q_sum, acc, l_i, m_i, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len,
             q_abs_pos, qk_scale, stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
-            HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION)
+            HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION, PTX)
     offs_w = tl.arange(0, HEAD_SIZE // 8)
     shift = (tl.arange(0, HEAD_SIZE) % 8) * 4
     code_bias = _code_bias(DOT_DTYPE)
@@ -76,6 +77,7 @@ def _attend_int4_tiles_swapped(
     k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
     stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
     HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """``_attend_int4_tiles`` for a tile of at most 16 query rows, both dots transposed: scores^T =
     K q^T and acc^T += V^T P^T, so the unpacked codes are the dots' first operand ([BLOCK_N, D] and
@@ -99,7 +101,7 @@ def _attend_int4_tiles_swapped(
                           other=0)
         k_bits = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
         v_bits = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
-        s_t = tl.dot(_nibble_pairs(k_words, DOT_DTYPE), q_t, input_precision=DOT_PRECISION)
+        s_t = tl.dot(_nibble_pairs(k_words, DOT_DTYPE, PTX), q_t, input_precision=DOT_PRECISION)
         s_t = s_t - q_sum[None, :] * ((k_bits & 0xF) + code_bias).to(tl.float32)[:, None]
         s_t = s_t * ((k_bits & -16).to(tl.float32, bitcast=True) * qk_scale)[:, None]
         visible = n_ok[:, None] & (offs_n[:, None] <= q_abs_pos[None, :])
@@ -111,7 +113,7 @@ def _attend_int4_tiles_swapped(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p_t, 0)
         p_t = (p_t * (v_bits & -16).to(tl.float32, bitcast=True)[:, None]).to(DOT_DTYPE)
-        v_t = tl.trans(_nibble_pairs(v_words, DOT_DTYPE))
+        v_t = tl.trans(_nibble_pairs(v_words, DOT_DTYPE, PTX))
         acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t, input_precision=DOT_PRECISION)
         acc_t -= tl.sum(p_t.to(tl.float32) * ((v_bits & 0xF) + code_bias).to(tl.float32)[:, None], 0)[None, :]
         m_i = m_new
@@ -124,7 +126,7 @@ def _paired(rows, head_size):
     order: a decode-shaped tile, tokens on the dots' long side. Heads past 128 keep the plain dots
     (the transposed ones spill more there: 2,664 bytes of stack at head 256 in float32, sm_90
     build); longer tiles keep the natural order, their registers at the 255 limit (sm_90 build:
-    the paired order made the mixed variant spill 64 bytes)."""
+    the paired order made the mixed variant spill 72 bytes)."""
     return rows <= 16 and head_size <= 128
 
 
@@ -157,16 +159,16 @@ def _nibbles(words, shift, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _nibble_pairs(words, DOT_DTYPE: tl.constexpr):
+def _nibble_pairs(words, DOT_DTYPE: tl.constexpr, PTX: tl.constexpr):
     """``_nibbles`` in the paired order: column 8w + 2k + e holds word w's nibble k + 4e (k < 4,
     e < 2). Nibbles k and k + 4 lie 16 bits apart, so one shift and one mask take both into the
     halves of a 32-bit register, already the packed pair of adjacent 16-bit columns that the dots'
     operands hold: sm_90 build of the decode variant, one 128-token tile: 647 instructions a thread
     against 776, SHF 54 against 102, PRMT 4 against 68."""
-    lo0, hi0 = _pair(words, 0, DOT_DTYPE)
-    lo1, hi1 = _pair(words, 4, DOT_DTYPE)
-    lo2, hi2 = _pair(words, 8, DOT_DTYPE)
-    lo3, hi3 = _pair(words, 12, DOT_DTYPE)
+    lo0, hi0 = _pair(words, 0, DOT_DTYPE, PTX)
+    lo1, hi1 = _pair(words, 4, DOT_DTYPE, PTX)
+    lo2, hi2 = _pair(words, 8, DOT_DTYPE, PTX)
+    lo3, hi3 = _pair(words, 12, DOT_DTYPE, PTX)
     lo = tl.interleave(tl.interleave(lo0, lo2), tl.interleave(lo1, lo3))  # column 4w + k: nibble k
     codes = tl.interleave(lo, tl.interleave(tl.interleave(hi0, hi2), tl.interleave(hi1, hi3)))
     if DOT_DTYPE == tl.float32:
@@ -175,16 +177,28 @@ def _nibble_pairs(words, DOT_DTYPE: tl.constexpr):
         return codes.to(DOT_DTYPE, bitcast=True)
 
 
+# (x & 0x000F000F) | bias in one instruction: the truth table of (a & b) | c over lop3's operand
+# bytes a 0xF0, b 0xCC, c 0xAA. ptxas does not fuse Triton's and + or into one LOP3 (which takes a
+# single immediate, and both are constants): sm_90 build of the decode variant, one 128-token tile:
+# 584 instructions a thread against 647, LOP3 76 against 140.
+_MASK_OR_BIAS = tl.constexpr("lop3.b32 $0, $1, 0x000F000F, $2, 0xEA;")
+
+
 @triton.jit
-def _pair(words, SHIFT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Nibbles SHIFT / 4 and SHIFT / 4 + 4 of each word: int16 bias bits | code (bias 0: float32)."""
+def _pair(words, SHIFT: tl.constexpr, DOT_DTYPE: tl.constexpr, PTX: tl.constexpr):
+    """Nibbles SHIFT / 4 and SHIFT / 4 + 4 of each word: int16 bias bits | code (bias 0: float32).
+    ``PTX`` (a compiled build, 16-bit dtypes): the mask and the bias in one ``_MASK_OR_BIAS``."""
     if DOT_DTYPE == tl.bfloat16:
         bias: tl.constexpr = 0x43004300
     elif DOT_DTYPE == tl.float16:
         bias: tl.constexpr = 0x64006400
     else:
         bias: tl.constexpr = 0
-    pair = ((words >> SHIFT) & 0x000F000F) | bias
+    if PTX and bias != 0:
+        pair = tl.inline_asm_elementwise(_MASK_OR_BIAS, "=r,r,n", [words >> SHIFT, bias], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        pair = ((words >> SHIFT) & 0x000F000F) | bias
     return pair.to(tl.int16), (pair >> 16).to(tl.int16)
 
 
