@@ -48,7 +48,8 @@ def _variant(cache: str, tiles: TileConfig, split: bool, head_size: int = D,
              model: str = "bf16") -> tuple[dict, dict]:
     """Pointer dtypes and constexprs of ``_slot_attention_kernel`` as a launch with these tiles
     specialises it, for a ``bf16``, ``fp8e4nv``, ``int8`` (per-token-head codes) or ``int4`` (its
-    codes read as int32 words) cache; dot dtypes as ``launch_args.dot_dtype``."""
+    codes read as int32 words, unpacked with inline PTX as on the GPU) cache; dot dtypes as
+    ``launch_args.dot_dtype``."""
     fp8 = cache == "fp8e4nv"
     codes = {"int8": 1, "int4": 2}.get(cache, 0)
     group = HQ // HKV
@@ -58,7 +59,7 @@ def _variant(cache: str, tiles: TileConfig, split: bool, head_size: int = D,
                  DOT_DTYPE=tl.float16 if fp8 and not tiles.short_block_m else tl.bfloat16,
                  SHORT_DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
                  DOT_PRECISION="tf32", SPLIT=split, QUANT=fp8, SCALE_STRIDE=0, FP8_MAX=448.0 if fp8 else 0.0,
-                 DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16)
+                 DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16, INT4_PTX=codes == 2)
     if model == "fp32":  # a float32 model: float32 dots in 3xTF32, as launch_args.dot_dtype
         const |= dict(DOT_DTYPE=tl.float32, SHORT_DOT_DTYPE=tl.float32, DOT_PRECISION="tf32x3",
                       ROT_DTYPE=tl.float32)

@@ -59,6 +59,12 @@ def code_args(
     return 1, strides, (query, query)
 
 
+def int4_ptx(codes: int) -> bool:
+    """INT4_PTX: a compiled int4 launch unpacks its codes with inline PTX (``triton_int4._pair``);
+    the interpreter runs no PTX, and takes the same arithmetic in Triton."""
+    return codes == 2 and not interpreting()
+
+
 def split_workspace(
     num_tokens: int, num_heads: int, num_splits: int, head_size: int, device: torch.device
 ) -> tuple[Tensor, Tensor, Tensor]:

@@ -70,6 +70,7 @@ from proxima.engine.attention.launch_args import (
     check_backend,
     code_args,
     dot_dtype,
+    int4_ptx,
     interpreting,
     scale_args,
     split_workspace,
@@ -111,7 +112,7 @@ def _slot_attention_kernel(
     SHORT_BLOCK_M: tl.constexpr, SHORT_BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, SHORT_DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr, DENSE_KV: tl.constexpr,
-    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr,
+    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr,
 ):
     """Unified (``SPLIT`` False: writes ``out``) or one KV segment (``SPLIT``: writes partials).
 
@@ -138,7 +139,7 @@ def _slot_attention_kernel(
             stride_ks_s, stride_ks_h, stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
             HEAD_SIZE, HEAD_SIZE_PAD, GROUP, max(SHORT_BLOCK_M // GROUP, 1), max(SHORT_BLOCK_M, 16),
             max(SHORT_BLOCK_N, 16), SHORT_DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, False,
-            KV_CODES, ROT_DTYPE,
+            KV_CODES, ROT_DTYPE, INT4_PTX,
         )
     else:
         _attend_query_tile(
@@ -148,7 +149,7 @@ def _slot_attention_kernel(
             stride_k_h, stride_v_s, stride_v_h, stride_ks_s, stride_ks_h, stride_acc_t, stride_acc_h,
             stride_acc_s, stride_ml_t, stride_ml_h,
             HEAD_SIZE, HEAD_SIZE_PAD, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N,
-            DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, DENSE_KV, KV_CODES, ROT_DTYPE,
+            DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, DENSE_KV, KV_CODES, ROT_DTYPE, INT4_PTX,
         )
 
 
@@ -258,7 +259,7 @@ def _launch_plan(
                   # kept fp32-level error (3e-7 vs 3e-7 for "ieee") at 2-30x the speed on the H200.
                   "tf32x3" if query.dtype.itemsize == 4 else "tf32",
                   num_splits > 1, *quant, dense_kv, codes,
-                  tl.float32 if interpreting() or query.dtype.itemsize == 4 else tl.bfloat16)
+                  tl.float32 if interpreting() or query.dtype.itemsize == 4 else tl.bfloat16, int4_ptx(codes))
     # The m/l strides (last two) are not specialized on: they stay out of the key. The descriptors'
     # specialization (dtype, block shape) follows from the caches' and the tiles' in the key.
     plan = [(_launch_attention, (num_tiles, num_kv_heads, num_splits),

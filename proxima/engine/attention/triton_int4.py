@@ -8,6 +8,10 @@ before it is stored (``_unrotate``; linear, so split partials and the merge need
 
 Dequantisation never touches a tile: q . (s (k - z)) = s (q . k - z sum(q)) and
 P (s (v - z)) = (P s) v - (P s) z, so scales and zero points act on the scores' and P's columns.
+
+Decode-shaped tiles (``_paired``) hold the head dimension in the paired order of ``_nibble_pairs``,
+which the dots' sums do not see: the rotated queries are put in that order once a program, and the
+accumulator back in the natural one before its inverse rotation.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ def _attend_int4_tiles(
     k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
     stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
     HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """``triton_query_tile._attend_kv_tiles`` over int4 codes: q rotated, ``q_sum`` its rows' sums.
 
@@ -33,14 +38,14 @@ def _attend_int4_tiles(
     (128 in bf16, 1024 in fp16) and the bias joins the zero point. V's correction uses P as
     rounded for its dot, so the bias cancels exactly (up to float32 accumulation). All of a tile's
     loads are issued before its first dot, so V's latency hides behind the scores."""
+    if _paired(q.shape[0], HEAD_SIZE):
+        return _attend_int4_tiles_swapped(
+            q, q_sum, acc, l_i, m_i, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len,
+            q_abs_pos, qk_scale, stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
+            HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION, PTX)
     offs_w = tl.arange(0, HEAD_SIZE // 8)
     shift = (tl.arange(0, HEAD_SIZE) % 8) * 4
-    if DOT_DTYPE == tl.bfloat16:  # what _nibbles adds to every code (0: converted, not biased)
-        code_bias = 128
-    elif DOT_DTYPE == tl.float16:
-        code_bias = 1024
-    else:
-        code_bias = 0
+    code_bias = _code_bias(DOT_DTYPE)
     for tile in range(tile_start, tile_end):
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < seq_len
@@ -67,6 +72,76 @@ def _attend_int4_tiles(
 
 
 @triton.jit
+def _attend_int4_tiles_swapped(
+    q, q_sum, acc, l_i, m_i,
+    k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
+    stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
+    HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    """``_attend_int4_tiles`` for a tile of at most 16 query rows, both dots transposed: scores^T =
+    K q^T and acc^T += V^T P^T, so the unpacked codes are the dots' first operand ([BLOCK_N, D] and
+    [D, BLOCK_N]: Hopper's wgmma takes it from registers) and the few query rows their narrow side,
+    instead of a 16-row tile with 4 useful rows under GQA 4 reading the codes as its second operand
+    (sm_90 build of the decode variant, one tile of 128 tokens: 1,356 instructions a thread against
+    1,697, IMAD 74 against 399, LDS 27 against 93). The softmax runs along axis 0. q, acc and the
+    codes are in the paired order (``_nibble_pairs``)."""
+    offs_w = tl.arange(0, HEAD_SIZE // 8)
+    code_bias = _code_bias(DOT_DTYPE)
+    q_t = tl.trans(q)
+    acc_t = tl.trans(acc)
+    for tile in range(tile_start, tile_end):
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < seq_len
+        # Table entries at or past seq_len are garbage: masked, never dereferenced.
+        slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
+        k_words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None],
+                          other=0)
+        v_words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None],
+                          other=0)
+        k_bits = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+        v_bits = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+        s_t = tl.dot(_nibble_pairs(k_words, DOT_DTYPE, PTX), q_t, input_precision=DOT_PRECISION)
+        s_t = s_t - q_sum[None, :] * ((k_bits & 0xF) + code_bias).to(tl.float32)[:, None]
+        s_t = s_t * ((k_bits & -16).to(tl.float32, bitcast=True) * qk_scale)[:, None]
+        visible = n_ok[:, None] & (offs_n[:, None] <= q_abs_pos[None, :])
+        s_t = tl.where(visible, s_t, float("-inf"))
+        # _online_softmax_step along axis 0 (l: P before V's scales)
+        m_new = tl.maximum(m_i, tl.max(s_t, 0))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        p_t = tl.exp2(s_t - m_safe[None, :])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p_t, 0)
+        p_t = (p_t * (v_bits & -16).to(tl.float32, bitcast=True)[:, None]).to(DOT_DTYPE)
+        v_t = tl.trans(_nibble_pairs(v_words, DOT_DTYPE, PTX))
+        acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t, input_precision=DOT_PRECISION)
+        acc_t -= tl.sum(p_t.to(tl.float32) * ((v_bits & 0xF) + code_bias).to(tl.float32)[:, None], 0)[None, :]
+        m_i = m_new
+    return tl.trans(acc_t), l_i, m_i
+
+
+@triton.constexpr_function
+def _paired(rows, head_size):
+    """Whether a tile of this many query rows runs ``_attend_int4_tiles_swapped``, in the paired
+    order: a decode-shaped tile, tokens on the dots' long side. Heads past 128 keep the plain dots
+    (the transposed ones spill more there: 2,664 bytes of stack at head 256 in float32, sm_90
+    build); longer tiles keep the natural order, their registers at the 255 limit (sm_90 build:
+    the paired order made the mixed variant spill 72 bytes)."""
+    return rows <= 16 and head_size <= 128
+
+
+@triton.jit
+def _code_bias(DOT_DTYPE: tl.constexpr):
+    """What ``_nibbles`` and ``_nibble_pairs`` add to every code (0: converted, not biased)."""
+    if DOT_DTYPE == tl.bfloat16:
+        return 128
+    elif DOT_DTYPE == tl.float16:
+        return 1024
+    else:
+        return 0
+
+
+@triton.jit
 def _nibbles(words, shift, DOT_DTYPE: tl.constexpr):
     """[N, W] int32 words -> [N, 8 W] their nibbles in order (word w's low nibble first), as
     ``DOT_DTYPE`` values ``bias + code``: on 16-bit dtypes the code is OR-ed into
@@ -81,6 +156,67 @@ def _nibbles(words, shift, DOT_DTYPE: tl.constexpr):
     if DOT_DTYPE == tl.float16:
         return (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
     return codes.to(DOT_DTYPE)
+
+
+@triton.jit
+def _nibble_pairs(words, DOT_DTYPE: tl.constexpr, PTX: tl.constexpr):
+    """``_nibbles`` in the paired order: column 8w + 2k + e holds word w's nibble k + 4e (k < 4,
+    e < 2). Nibbles k and k + 4 lie 16 bits apart, so one shift and one mask take both into the
+    halves of a 32-bit register, already the packed pair of adjacent 16-bit columns that the dots'
+    operands hold: sm_90 build of the decode variant, one 128-token tile: 647 instructions a thread
+    against 776, SHF 54 against 102, PRMT 4 against 68."""
+    lo0, hi0 = _pair(words, 0, DOT_DTYPE, PTX)
+    lo1, hi1 = _pair(words, 4, DOT_DTYPE, PTX)
+    lo2, hi2 = _pair(words, 8, DOT_DTYPE, PTX)
+    lo3, hi3 = _pair(words, 12, DOT_DTYPE, PTX)
+    lo = tl.interleave(tl.interleave(lo0, lo2), tl.interleave(lo1, lo3))  # column 4w + k: nibble k
+    codes = tl.interleave(lo, tl.interleave(tl.interleave(hi0, hi2), tl.interleave(hi1, hi3)))
+    if DOT_DTYPE == tl.float32:
+        return codes.to(tl.float32)
+    else:
+        return codes.to(DOT_DTYPE, bitcast=True)
+
+
+# (x & 0x000F000F) | bias in one instruction: the truth table of (a & b) | c over lop3's operand
+# bytes a 0xF0, b 0xCC, c 0xAA. ptxas does not fuse Triton's and + or into one LOP3 (which takes a
+# single immediate, and both are constants): sm_90 build of the decode variant, one 128-token tile:
+# 584 instructions a thread against 647, LOP3 76 against 140.
+_MASK_OR_BIAS = tl.constexpr("lop3.b32 $0, $1, 0x000F000F, $2, 0xEA;")
+
+
+@triton.jit
+def _pair(words, SHIFT: tl.constexpr, DOT_DTYPE: tl.constexpr, PTX: tl.constexpr):
+    """Nibbles SHIFT / 4 and SHIFT / 4 + 4 of each word: int16 bias bits | code (bias 0: float32).
+    ``PTX`` (a compiled build, 16-bit dtypes): the mask and the bias in one ``_MASK_OR_BIAS``."""
+    if DOT_DTYPE == tl.bfloat16:
+        bias: tl.constexpr = 0x43004300
+    elif DOT_DTYPE == tl.float16:
+        bias: tl.constexpr = 0x64006400
+    else:
+        bias: tl.constexpr = 0
+    if PTX and bias != 0:
+        pair = tl.inline_asm_elementwise(_MASK_OR_BIAS, "=r,r,n", [words >> SHIFT, bias], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        pair = ((words >> SHIFT) & 0x000F000F) | bias
+    return pair.to(tl.int16), (pair >> 16).to(tl.int16)
+
+
+@triton.jit
+def _to_paired_order(x):
+    """[M, D] columns from the natural order to ``_nibble_pairs``' (8w + 4e + k -> 8w + 2k + e): a
+    register shuffle once a program."""
+    rows: tl.constexpr = x.shape[0]
+    cols: tl.constexpr = x.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(x, [rows, cols // 8, 2, 4]), [0, 1, 3, 2]), [rows, cols])
+
+
+@triton.jit
+def _from_paired_order(x):
+    """The inverse of ``_to_paired_order``."""
+    rows: tl.constexpr = x.shape[0]
+    cols: tl.constexpr = x.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(x, [rows, cols // 8, 4, 2]), [0, 1, 3, 2]), [rows, cols])
 
 
 @triton.jit
@@ -117,11 +253,14 @@ def _hadamard(x, rht_ptr, HEAD_SIZE_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr, 
 def _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, Q_DTYPE: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """vLLM's int4 query rotation (signs, then the Walsh-Hadamard transform), rounded to the
-    model dtype as vLLM rounds it; and the rows' sums (for the zero points)."""
+    model dtype as vLLM rounds it, in the paired order on decode-shaped tiles (``_paired``); and
+    the rows' sums (for the zero points)."""
     signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
     rotated = _hadamard(q.to(tl.float32) * signs[None, :], rht_ptr, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION,
                         False)
     rotated = rotated.to(Q_DTYPE).to(DOT_DTYPE)
+    if _paired(q.shape[0], HEAD_SIZE_PAD):
+        rotated = _to_paired_order(rotated)
     return rotated, tl.sum(rotated.to(tl.float32), 1)
 
 
@@ -130,6 +269,8 @@ def _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, ROT_DTYPE: t
               DOT_PRECISION: tl.constexpr):
     """The inverse of ``_rotate_queries`` on an accumulator (linear: partials and unnormalised
     sums alike): vLLM's ``single_rht(x, inverse=True) / D``."""
+    if _paired(acc.shape[0], HEAD_SIZE_PAD):
+        acc = _from_paired_order(acc)
     out = _hadamard(acc, rht_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION, ROT_DTYPE != tl.float32)
     signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
     return out * (signs / HEAD_SIZE_PAD)[None, :]

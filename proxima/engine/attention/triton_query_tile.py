@@ -68,14 +68,15 @@ def _attend_query_tile(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, DENSE_KV: tl.constexpr,
-    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr,
+    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr,
 ):
     """Query tile ``local_tile`` (``BLOCK_Q`` tokens x the GQA group) of one request, one KV head.
 
     ``DENSE_KV``: when the slots this program reads are one ascending run (checked here, on the
     GPU), K/V tiles come through the tensor descriptors instead of the per-token gather.
     ``KV_CODES`` 2 (int4): queries are rotated on load and the accumulator rotated back before
-    it is stored, so partials, the merge and the output are in the natural space."""
+    it is stored, so partials, the merge and the output are in the natural space; ``INT4_PTX``
+    (a compiled build): its codes are unpacked with inline PTX."""
     context = seq_len - q_len
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
@@ -143,6 +144,7 @@ def _attend_query_tile(
             k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, k_scale_ptr + kv_head * stride_ks_h,
             v_scale_ptr + kv_head * stride_ks_h, slot_row_ptr, seq_len, q_abs_pos, qk_scale, stride_k_s,
             stride_v_s, stride_ks_s, tile_start, tile_end, HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+            INT4_PTX,
         )
     elif gather:
         acc, l_i, m_i = _attend_kv_tiles(
