@@ -2,9 +2,10 @@
 
 Layer: the worker side of Proxima. With block size 1 the worker's block table *is* the slot
 table (row r, column p: the slot holding position p of request r), and vLLM's slot mapping is
-where each new token's K/V goes. This module adapts vLLM's backend interface to the two
-implementations of one contract in `reference` (batched torch: the CPU path and the reference)
-and `triton_attention` (the CUDA path).
+where each new token's K/V goes. This module adapts vLLM's backend interface to the
+implementations of one contract: `triton_attention` (the CUDA path), `vllm_cpu_kernel` (the CPU
+path for an unquantised cache: vLLM's own CPU kernel over the gathered slots) and `reference`
+(batched torch: the CPU path for quantised caches, and the reference).
 
 KV layout (why): one tensor per layer of shape (num_slots, 1, Hkv, 2*D), K and V side by side
 per head as in vLLM 0.26's own backends. A token's K/V for all heads is one contiguous row, so a
@@ -35,7 +36,7 @@ from vllm.v1.attention.backend import (
 )
 
 from proxima.engine import heap_trim
-from proxima.engine.attention import per_token_head
+from proxima.engine.attention import per_token_head, vllm_cpu_kernel
 from proxima.engine.attention.per_token_head import PTH_FORMATS, PTHCache, pth_format
 from proxima.engine.attention.quant import FP8_KV_DTYPES, KVScales, storage_dtype
 from proxima.engine.attention.reference import slot_attention_torch, write_kv
@@ -278,7 +279,9 @@ class ProximaSlotAttentionImpl(AttentionImpl):
                 num_actual_tokens=m.num_actual_tokens, max_query_len=m.max_query_len,
                 max_seq_len=m.max_seq_len, kv_scales=scales,
             )
-        else:
+        elif not (vllm_cpu_kernel.serves(q, k_cache, scales) and vllm_cpu_kernel.attend(
+                q, k_cache, v_cache, m.slot_table, m.query_start_loc_cpu, m.seq_lens, self.scale, out,
+                num_actual_tokens=m.num_actual_tokens)):
             slot_attention_torch(
                 q, k_cache, v_cache, m.slot_table, m.query_start_loc_cpu, m.seq_lens, self.scale,
                 out, num_actual_tokens=m.num_actual_tokens, kv_scales=scales,
