@@ -129,7 +129,7 @@ def test_a_row_limit_inside_a_request_is_left_to_the_torch_path(ops):
     assert not out[:5].isnan().any() and out[5:].isnan().all()
 
 
-def test_quantised_caches_and_cuda_tensors_are_not_served(ops):
+def test_quantised_caches_and_float32_are_not_served(ops):
     query = torch.zeros(2, HEADS, HEAD_SIZE, dtype=torch.bfloat16)
     cache = torch.zeros(4, KV_HEADS, HEAD_SIZE, dtype=torch.bfloat16)
     scales = KVScales(torch.ones(1), torch.ones(1))

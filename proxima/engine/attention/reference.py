@@ -184,20 +184,10 @@ def slot_attention_torch(
     del max_query_len, max_seq_len
     check_attention_args(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output,
                          num_actual_tokens, kv_scales)
-    num_requests = query_start_loc.shape[0] - 1
-    if num_requests == 0:
+    if query_start_loc.shape[0] == 1:
         return output
-    # Metadata is tiny: planning it in numpy on the host costs microseconds per op where torch
-    # costs several, and this runs once per layer per step.
-    starts = query_start_loc.cpu().numpy().astype(np.int64)
-    ctx_lens = seq_lens[:num_requests].cpu().numpy().astype(np.int64)
-    q_lens = starts[1:] - starts[:-1]
-    _check_metadata_values(starts, q_lens, ctx_lens, query.shape[0], slot_table.shape[1])
-
-    row_limit = int(starts[-1])
-    if num_actual_tokens is not None:
-        row_limit = min(row_limit, num_actual_tokens)
-    active = (q_lens > 0) & (starts[:-1] < row_limit)
+    starts, ctx_lens, q_lens, row_limit, active = plan_rows(query_start_loc, seq_lens, num_actual_tokens,
+                                                            query.shape[0], slot_table.shape[1])
     decode_reqs = np.flatnonzero(active & (q_lens == 1))
     prefill_reqs = np.flatnonzero(active & (q_lens > 1))
     pth = kv_scales if isinstance(kv_scales, PTHCache) else None
@@ -234,6 +224,32 @@ def _fold_scales(scales: KVScales, num_query_heads: int, num_kv_heads: int) -> t
         return head_scales(scale, num_kv_heads).repeat_interleave(group, 0).unsqueeze(2)
 
     return per_query_head(scales.k), per_query_head(scales.v)
+
+
+def plan_rows(query_start_loc: Tensor, seq_lens: Tensor, num_actual_tokens: int | None, num_rows: int,
+              table_width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
+    """A step's metadata on the host, checked: ``(starts, ctx_lens, q_lens, row_limit, active)``,
+    ``active`` the requests with queries below the row limit (a boolean mask). Metadata is tiny:
+    planning it in numpy costs microseconds per op where torch costs several, and this runs once
+    per layer per step."""
+    starts = query_start_loc.cpu().numpy().astype(np.int64)
+    ctx_lens = seq_lens[: starts.shape[0] - 1].cpu().numpy().astype(np.int64)
+    q_lens = starts[1:] - starts[:-1]
+    _check_metadata_values(starts, q_lens, ctx_lens, num_rows, table_width)
+    row_limit = int(starts[-1])
+    if num_actual_tokens is not None:
+        row_limit = min(row_limit, num_actual_tokens)
+    return starts, ctx_lens, q_lens, row_limit, (q_lens > 0) & (starts[:-1] < row_limit)
+
+
+def gather_slots(k_cache: Tensor, v_cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+    """K and V of ``slots`` as ``[N, Hkv, D]`` views in the cache's own dtype: one gather of whole
+    rows when K and V tile them (``kv_rows``)."""
+    packed = kv_rows(k_cache, v_cache)
+    if packed is None:
+        return k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+    rows, v_offset = packed
+    return _split_rows(rows.index_select(0, slots), v_offset, k_cache)
 
 
 def _check_metadata_values(

@@ -6,9 +6,9 @@ a scratch block cache in vLLM's CPU layout (``cpu_attn_reshape_and_cache`` packs
 reads it), and ``cpu_attention_with_kv_cache`` attends over it with the ISA stock vLLM picks for
 its default CPU block size. Why not torch: the same kernel is the same rounding, so a bf16 model
 gives stock's bits, not two roundings of one exact value that part greedy answers wherever bf16
-drift compounds (with float32 probabilities 72-76% of bf16 attention outputs matched stock's,
-and answers with them); and the AMX kernel with the gather is 1.3-4.8x faster than PyTorch's
-float32 attention on this path's shapes (docs/benchmarks.md). What is left to torch
+drift compounds (the torch path, float32 probabilities, matches 74-81% of stock's bf16 outputs:
+docs/results/cpu-2026-12-05b/attention-bits.txt). End to end it runs at the torch path's speed
+(SmolLM2-135M bf16: 0.85x stock's tok/s against 0.88x, docs/benchmarks.md). What is left to torch
 (``reference.slot_attention_torch``): float32 and fp16 models (see ``serves``), quantised caches,
 a CPU without AMX, a build of vLLM without its CPU ops (a CUDA build: CPU tensors there are
 tests), and a step whose row limit cuts a request's rows.
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from proxima.engine.attention.reference import kv_rows
+from proxima.engine.attention.checks import check_attention_args
+from proxima.engine.attention.reference import gather_slots, plan_rows
 
 SCRATCH_BLOCK = 32
 STOCK_CPU_BLOCK = 128  # vLLM's default block size on CPU: the ISA is chosen as for it
@@ -46,6 +47,15 @@ def _ops():
     except (ImportError, AttributeError, RuntimeError):
         return None
     return ops
+
+
+@functools.cache
+def _split_kv() -> bool:
+    """vLLM's VLLM_CPU_ATTN_SPLIT_KV, as its CPU backend reads it (an environment lookup: read
+    once, not per layer per step)."""
+    from vllm import envs
+
+    return envs.VLLM_CPU_ATTN_SPLIT_KV
 
 
 @functools.cache
@@ -105,11 +115,11 @@ def attend(
     nothing, when the step's row limit cuts through a request's rows: the caller then runs the
     torch path, which writes exactly the rows below the limit."""
     ops = _ops()
-    starts = query_start_loc.numpy().astype(np.int64)
-    lens = seq_lens[: starts.shape[0] - 1].numpy().astype(np.int64)
-    q_lens = starts[1:] - starts[:-1]
-    row_limit = int(starts[-1]) if num_actual_tokens is None else min(int(starts[-1]), num_actual_tokens)
-    active = np.flatnonzero((q_lens > 0) & (starts[:-1] < row_limit))
+    check_attention_args(query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, output,
+                         num_actual_tokens)
+    starts, lens, q_lens, row_limit, active = plan_rows(query_start_loc, seq_lens, num_actual_tokens,
+                                                        query.shape[0], slot_table.shape[1])
+    active = np.flatnonzero(active)
     if active.size == 0:
         return True
     if int(starts[active[-1] + 1]) > row_limit:
@@ -118,18 +128,13 @@ def attend(
     lens, q_lens = lens[active], q_lens[active]
     blocks = (lens + SCRATCH_BLOCK - 1) // SCRATCH_BLOCK
     first_block = np.concatenate([[0], np.cumsum(blocks)[:-1]])
-    # Slots of every active request's positions, in order, and where each lands in the scratch.
-    table = slot_table[torch.from_numpy(active)]
-    positions = np.concatenate([np.arange(n) for n in lens])
+    # Every active request's positions, in order: which request, which position, and where each
+    # lands in the scratch.
     owner = np.repeat(np.arange(active.size), lens)
-    slots = table[torch.from_numpy(owner), torch.from_numpy(positions)].long()
+    positions = np.arange(owner.shape[0]) - np.repeat(np.cumsum(lens) - lens, lens)
+    slots = slot_table[torch.from_numpy(active[owner]), torch.from_numpy(positions)].long()
     mapping = torch.from_numpy(first_block[owner] * SCRATCH_BLOCK + positions)
-    packed = kv_rows(k_cache, v_cache)
-    if packed is not None and packed[1] == head_size:  # the backend's layout: one gather of whole rows
-        gathered = packed[0].index_select(0, slots).view(-1, num_kv_heads, 2 * head_size)
-        keys, values = gathered[..., :head_size], gathered[..., head_size:]
-    else:
-        keys, values = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+    keys, values = gather_slots(k_cache, v_cache, slots)
     scratch = _Scratch.blocks(int(blocks.sum()), num_kv_heads, head_size, k_cache.dtype)
     key_blocks, value_blocks = scratch.chunk(2, dim=2)
     chosen = isa(query.dtype, head_size)
@@ -141,12 +146,10 @@ def attend(
     kv_lens = torch.from_numpy(lens.astype(np.int32))
     first_row = int(starts[active[0]])
     num_rows = int(cu_q[-1])
-    from vllm import envs
-
     metadata = ops.cpu_attn_get_scheduler_metadata(
         num_reqs=active.size, num_heads=query.shape[1], num_kv_heads=num_kv_heads, head_dim=head_size,
         seq_lens=kv_lens, dtype=query.dtype, query_start_loc=cu_q, causal=True, sliding_window_size=-1,
-        isa=chosen, enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV)
+        isa=chosen, enable_kv_split=_split_kv())
     ops.cpu_attention_with_kv_cache(
         query=query[first_row:first_row + num_rows], key_cache=key_blocks, value_cache=value_blocks,
         output=output[first_row:first_row + num_rows], query_start_loc=cu_q, seq_lens=kv_lens, scale=scale,
