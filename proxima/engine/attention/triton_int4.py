@@ -43,20 +43,12 @@ def _attend_int4_tiles(
             q, q_sum, acc, l_i, m_i, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len,
             q_abs_pos, qk_scale, stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
             HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION, PTX)
-    offs_w = tl.arange(0, HEAD_SIZE // 8)
     shift = (tl.arange(0, HEAD_SIZE) % 8) * 4
     code_bias = _code_bias(DOT_DTYPE)
     for tile in range(tile_start, tile_end):
-        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < seq_len
-        # Table entries at or past seq_len are garbage: masked, never dereferenced.
-        slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
-        k_words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None],
-                          other=0)
-        v_words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None],
-                          other=0)
-        k_bits = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
-        v_bits = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+        offs_n, n_ok, k_words, v_words, k_bits, v_bits = _load_int4_tile(
+            tile, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, stride_k_s,
+            stride_v_s, stride_ks_s, HEAD_SIZE, BLOCK_N)
         s = tl.dot(q, tl.trans(_nibbles(k_words, shift, DOT_DTYPE)), input_precision=DOT_PRECISION)
         s = s - q_sum[:, None] * ((k_bits & 0xF) + code_bias).to(tl.float32)[None, :]
         s = s * ((k_bits & -16).to(tl.float32, bitcast=True) * qk_scale)[None, :]
@@ -86,21 +78,13 @@ def _attend_int4_tiles_swapped(
     (sm_90 build of the decode variant, one tile of 128 tokens: 1,356 instructions a thread against
     1,697, IMAD 74 against 399, LDS 27 against 93). The softmax runs along axis 0. q, acc and the
     codes are in the paired order (``_nibble_pairs``)."""
-    offs_w = tl.arange(0, HEAD_SIZE // 8)
     code_bias = _code_bias(DOT_DTYPE)
     q_t = tl.trans(q)
     acc_t = tl.trans(acc)
     for tile in range(tile_start, tile_end):
-        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < seq_len
-        # Table entries at or past seq_len are garbage: masked, never dereferenced.
-        slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
-        k_words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None],
-                          other=0)
-        v_words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None],
-                          other=0)
-        k_bits = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
-        v_bits = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+        offs_n, n_ok, k_words, v_words, k_bits, v_bits = _load_int4_tile(
+            tile, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, stride_k_s,
+            stride_v_s, stride_ks_s, HEAD_SIZE, BLOCK_N)
         s_t = tl.dot(_nibble_pairs(k_words, DOT_DTYPE, PTX), q_t, input_precision=DOT_PRECISION)
         s_t = s_t - q_sum[None, :] * ((k_bits & 0xF) + code_bias).to(tl.float32)[:, None]
         s_t = s_t * ((k_bits & -16).to(tl.float32, bitcast=True) * qk_scale)[:, None]
@@ -118,6 +102,25 @@ def _attend_int4_tiles_swapped(
         acc_t -= tl.sum(p_t.to(tl.float32) * ((v_bits & 0xF) + code_bias).to(tl.float32)[:, None], 0)[None, :]
         m_i = m_new
     return tl.trans(acc_t), l_i, m_i
+
+
+@triton.jit
+def _load_int4_tile(
+    tile, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, stride_k_s, stride_v_s,
+    stride_ks_s, HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One KV tile's loads, all issued before its first dot: positions, which are in the sequence,
+    K and V code words ``[BLOCK_N, D/8]`` and the scale words (zero point in the low bits)."""
+    offs_w = tl.arange(0, HEAD_SIZE // 8)
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < seq_len
+    # Table entries at or past seq_len are garbage: masked, never dereferenced.
+    slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
+    k_words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None], other=0)
+    v_words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None], other=0)
+    k_bits = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+    v_bits = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+    return offs_n, n_ok, k_words, v_words, k_bits, v_bits
 
 
 @triton.constexpr_function
