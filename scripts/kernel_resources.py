@@ -37,7 +37,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from proxima.engine.attention import triton_attention as ta
-from proxima.engine.attention.planning import TileConfig, _pth_tiles, choose_tiles
+from proxima.engine.attention.planning import TileConfig, cache_tiles, choose_tiles
 
 HQ, HKV, D = 32, 8, 128
 TARGET = GPUTarget("cuda", 90, 32)
@@ -79,9 +79,7 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
     out = []
     for cache in ("bf16", "fp8e4nv", "int8", "int4"):
         for plan, max_query_len in (("decode", 1), ("mixed", None)):
-            tiles = choose_tiles(HQ // HKV, D, 2, max_query_len)
-            if cache == "int4":  # as planning.choose_launch_shape
-                tiles = _pth_tiles(tiles, D, 2)
+            tiles = cache_tiles(HQ // HKV, D, 2, max_query_len, cache == "int4")
             for split in (False, True):
                 ptrs, const = _variant(cache, tiles, split)
                 name = f"{plan} {'fp8' if cache == 'fp8e4nv' else cache}{' split' if split else ''}"
@@ -93,7 +91,7 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
     # int4 at head 256 in float32 (not served by the 8B shapes above, but by a float32 model with wide
     # heads): the variant whose 128-token tiles needed more shared memory than the H200 has.
     for plan, max_query_len in (("decode", 1), ("mixed", None)):
-        tiles = _pth_tiles(choose_tiles(HQ // HKV, 256, 4, max_query_len), 256, 4)
+        tiles = cache_tiles(HQ // HKV, 256, 4, max_query_len, True)
         ptrs, const = _variant("int4", tiles, False, head_size=256, model="fp32")
         out.append((f"{plan} int4 fp32 d256", ptrs, const, tiles))
     return out

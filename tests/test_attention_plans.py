@@ -66,3 +66,54 @@ def test_triton_relaunch_with_new_data_matches_torch(triton_attention, triton_wr
         assert_rows(b.output, expected.cpu(), int(b.query_start_loc[-1]), atol=1e-3, rtol=1e-3)
     if DEVICE == "cuda":
         assert triton_attention._launch_attention._compiled and triton_write_kv._launch_write_kv._compiled
+
+
+@pytest.mark.parametrize("cache", ["float32", "int4_per_token_head"])
+def test_warm_up_compiles_every_variant_the_launches_use(monkeypatch: pytest.MonkeyPatch, cache: str) -> None:
+    """The warm-up (``warmup.compile_attention_variants``, run before serving) must compile the
+    variants that decode, mixed and split launches then use; int4 caches take tiles of their own
+    (``planning.cache_tiles``). A variant is what Triton compiles per key: the tensors' dtypes and
+    alignment, the constexprs and the launch options. Nothing is compiled or launched here: both
+    are recorded, and the GPU's SM count is given so that small batches split."""
+    from proxima.engine.attention import triton_attention as ta
+    from proxima.engine.attention import warmup
+    from proxima.engine.attention.kernel_launch import CompiledLaunch
+    from tests.test_attention_per_token_head import pth_batch
+
+    compiled: set = set()
+    launched: set = set()
+
+    def variant(launcher, key, options) -> tuple:
+        return id(launcher), key[1], key[-2] if launcher is ta._launch_attention else key[-2:], \
+            tuple(sorted(options.items()))
+
+    def compile_(self, grid, args, key, **options) -> bool:
+        compiled.add(variant(self, key, options))
+        return True
+
+    def launch(self, grid, args, key, **options) -> None:
+        launched.add(variant(self, key, options))
+
+    monkeypatch.setattr(CompiledLaunch, "compile", compile_)
+    monkeypatch.setattr(CompiledLaunch, "__call__", launch)
+    monkeypatch.setattr(planning, "num_sms", lambda device: 132)
+    batches = ([(1, 300)] * 3, [(30, 500), (1, 200), (1, 1)], [(1, 2000)], [(1, 40)] * 40)
+    width = max(s for requests in batches for _, s in requests) + 5  # make_batch's width
+    for requests in batches:
+        if cache == "float32":
+            b = make_batch(requests, 8, 2, 64, seed=len(requests))
+            scales = None
+        else:
+            pb = pth_batch(requests, (8, 2), 64, cache, seed=len(requests))
+            b, scales = pb.batch, pb.cache
+        table = torch.full((b.slot_table.shape[0], width), 0, dtype=torch.int32, device=DEVICE)
+        table[:, : b.slot_table.shape[1]] = b.slot_table  # one width: the warm-up plans from it
+        args = (b.query, b.k_cache if scales is None else scales.k_codes,
+                b.v_cache if scales is None else scales.v_codes, table, b.query_start_loc, b.seq_lens)
+        if not compiled:
+            warmup.compile_attention_variants(*args, b.output, scales)
+        ta.slot_attention_triton(*args, b.scale, b.output, max_query_len=max(q for q, _ in requests),
+                                 max_seq_len=max(s for _, s in requests), kv_scales=scales)
+    splits = {v for v in launched if v[0] == id(ta._launch_attention) and v[2][11]}  # SPLIT constexpr
+    assert splits and launched, "the cases must launch split and unsplit variants"
+    assert launched <= compiled, f"launched but never warmed up: {launched - compiled}"

@@ -96,6 +96,22 @@ def choose_tiles(group: int, head_size_pad: int, itemsize: int, max_query_len: i
                       short_block_m=decode.block_m, short_block_n=decode.block_n)
 
 
+def cache_tiles(group: int, head_size_pad: int, itemsize: int, max_query_len: int | None,
+                int4_codes: bool) -> TileConfig:
+    """``choose_tiles``' pick for a cache: int4 codes (unpacked in registers) take their own KV
+    tiles (``_pth_tiles``). One place for the launch and the warm-up, so the warm-up compiles the
+    variants launches use."""
+    tiles = choose_tiles(group, head_size_pad, itemsize, max_query_len)
+    if int4_codes:
+        # On the H200 (scripts/gpu/sweep_pth_decode.py; 20 shapes at 128 x 4096, 32 x 8192, 8 x 32768)
+        # one stage with 128-token tiles was fastest at every point, 0.68-0.69x the time of the
+        # 64-token 3-stage tiles the bf16 plan gives. int8 codes keep the bf16 plan: with these tiles
+        # they took 1.6-1.75x stock int8's time (docs/results/h200-2026-12-03b/decode), against
+        # 0.96-1.10x with the bf16 plan's.
+        return _pth_tiles(tiles, head_size_pad, itemsize)
+    return tiles
+
+
 def _pth_tiles(tiles: TileConfig, head_size_pad: int, itemsize: int) -> TileConfig:
     """int4 decode tiles: 128 KV tokens, one stage (see choose_launch_shape). The unpacked K and V
     tiles pass through shared memory in the dot dtype: float32 dots at head 256 would need 288 KiB
@@ -214,14 +230,8 @@ def choose_launch_shape(
         # one, so its query lengths are unknown (mixed plan) and the table width bounds its context.
         max_query_len = max_seq_len = None
     if tiles is None:
-        tiles = choose_tiles(group, head_size_pad(head_size), query.dtype.itemsize, max_query_len)
-        if k_cache.dtype == torch.uint8:
-            # int4 codes are unpacked in registers. On the H200 (scripts/gpu/sweep_pth_decode.py; 20
-            # shapes at 128 x 4096, 32 x 8192, 8 x 32768) one stage with 128-token tiles was fastest
-            # at every point, 0.68-0.69x the time of the 64-token 3-stage tiles the bf16 plan gives.
-            # int8 codes keep the bf16 plan: with these tiles they took 1.6-1.75x stock int8's time
-            # (docs/results/h200-2026-12-03b/decode), against 0.96-1.10x with the bf16 plan's.
-            tiles = _pth_tiles(tiles, head_size_pad(head_size), query.dtype.itemsize)
+        tiles = cache_tiles(group, head_size_pad(head_size), query.dtype.itemsize, max_query_len,
+                            k_cache.dtype == torch.uint8)
     # Real tiles number at most T (each holds a token): the tighter estimate for a decode batch.
     num_tiles = grid_tiles(num_tokens, num_requests, tiles.block_m // group)
     # Small grids, the ones that split, are decode batches: in a mixed plan their KV tiles are the

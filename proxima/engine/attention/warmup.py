@@ -15,7 +15,7 @@ import triton
 from torch import Tensor
 
 from proxima.engine.attention.launch_args import interpreting, scale_args
-from proxima.engine.attention.planning import MAX_SPLITS, TileConfig, choose_tiles, head_size_pad
+from proxima.engine.attention.planning import MAX_SPLITS, TileConfig, cache_tiles, head_size_pad
 from proxima.engine.attention.quant import KVScales
 from proxima.engine.attention.triton_attention import _launch_plan
 
@@ -41,6 +41,7 @@ def compile_attention_variants(
     _, num_query_heads, head_size = query.shape
     group = num_query_heads // k_cache.shape[1]
     padded = head_size_pad(head_size)
+    int4_codes = k_cache.dtype == torch.uint8  # as planning.choose_launch_shape
 
     def plan(tiles: TileConfig, num_splits: int):
         # A one-token call: variants depend on dtypes, alignment, strides and constexprs, not sizes.
@@ -50,14 +51,14 @@ def compile_attention_variants(
     max_splits = 1
     count = 0
     for max_query_len in (1, None):  # decode-only tiles, then the mixed plan's
-        tiles = choose_tiles(group, padded, query.dtype.itemsize, max_query_len)
+        tiles = cache_tiles(group, padded, query.dtype.itemsize, max_query_len, int4_codes)
         kv_tiles = triton.cdiv(slot_table.shape[1], tiles.short_block_n or tiles.block_n)
         max_splits = max(max_splits, min(MAX_SPLITS, kv_tiles))
         for num_splits in (1, 2):  # every split count > 1 shares one main-kernel variant
             for launch, grid, args, key, options in plan(tiles, num_splits):
                 count += launch.compile(grid, args, key, **options)
     # The merge kernel is compiled per padded split count (a constexpr).
-    tiles = choose_tiles(group, padded, query.dtype.itemsize, 1)
+    tiles = cache_tiles(group, padded, query.dtype.itemsize, 1, int4_codes)
     splits = 4
     while splits <= triton.next_power_of_2(max_splits):
         _, (launch, grid, args, key, options) = plan(tiles, splits)
