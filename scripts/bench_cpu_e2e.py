@@ -86,7 +86,8 @@ def use_baseline_attention(path: str) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     backend.slot_attention_torch = module.slot_attention_torch
-    backend.write_kv = module.write_kv
+    # reference.py held write_kv until it moved to slot_rows.py: an older file brings its own.
+    backend.write_kv = getattr(module, "write_kv", backend.write_kv)
 
 
 def drive(args: argparse.Namespace) -> None:

@@ -31,7 +31,8 @@ import torch  # noqa: E402
 from proxima.engine.attention import planning  # noqa: E402
 from proxima.engine.attention.planning import TileConfig  # noqa: E402
 from proxima.engine.attention.quant import KVScales, dequantize, quantize_fp8  # noqa: E402
-from proxima.engine.attention.reference import slot_attention_torch, write_kv  # noqa: E402
+from proxima.engine.attention.reference import slot_attention_torch  # noqa: E402
+from proxima.engine.attention.slot_rows import write_kv  # noqa: E402
 from proxima.engine.compat import unsupported_options  # noqa: E402
 from tests.test_attention_kernels import assert_rows, naive_attention  # noqa: E402
 

@@ -22,9 +22,10 @@ from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from proxima.engine.attention import planning, reference  # noqa: E402
+from proxima.engine.attention import planning, reference, slot_rows  # noqa: E402
 from proxima.engine.attention.planning import TileConfig  # noqa: E402
-from proxima.engine.attention.reference import slot_attention_torch, write_kv  # noqa: E402
+from proxima.engine.attention.reference import slot_attention_torch  # noqa: E402
+from proxima.engine.attention.slot_rows import write_kv  # noqa: E402
 
 pytestmark = INTERPRETER_WARNINGS
 
@@ -148,7 +149,7 @@ EQUAL_DECODES = [(1, 9)] * 4  # no padding: the decode chunk runs without a mask
 def test_torch_packed_rows_match_float64(layout: str, heads: tuple[int, int],
                                          requests: list[tuple[int, int]]) -> None:
     b = make_batch(requests, *heads, 32, fragmented=True, seed=len(requests) + heads[1], layout=layout)
-    assert reference.kv_rows(b.k_cache, b.v_cache) is not None
+    assert slot_rows.kv_rows(b.k_cache, b.v_cache) is not None
     slot_attention_torch(*b.args())
     assert_rows(b.output, naive_attention(b), int(b.query_start_loc[-1]), atol=1e-4, rtol=1e-4)
 
@@ -174,15 +175,15 @@ def test_kv_rows_detects_only_exact_row_tiling() -> None:
     num_slots, heads, head_size = 6, 2, 8
     kv = torch.randn(num_slots, 1, heads, 2 * head_size)  # the backend's per-layer tensor
     rows = kv.view(num_slots, heads, 2 * head_size)
-    packed = reference.kv_rows(rows[..., :head_size], rows[..., head_size:])
+    packed = slot_rows.kv_rows(rows[..., :head_size], rows[..., head_size:])
     assert packed is not None and packed[1] == head_size
     assert torch.equal(packed[0], kv.view(num_slots, -1))
     gen = torch.Generator().manual_seed(0)
-    assert reference.kv_rows(*kv_views(num_slots, heads, head_size, "split", gen, torch.float32)) is None
+    assert slot_rows.kv_rows(*kv_views(num_slots, heads, head_size, "split", gen, torch.float32)) is None
     wide = torch.randn(num_slots, heads, 3 * head_size)  # a third block in every row is not K or V
-    assert reference.kv_rows(wide[..., :head_size], wide[..., head_size:2 * head_size]) is None
-    assert reference.kv_rows(rows[..., head_size:], rows[..., :head_size]) is None  # V before K
-    assert reference.kv_rows(rows[..., ::2], rows[..., 1::2]) is None  # head dim not contiguous
+    assert slot_rows.kv_rows(wide[..., :head_size], wide[..., head_size:2 * head_size]) is None
+    assert slot_rows.kv_rows(rows[..., head_size:], rows[..., :head_size]) is None  # V before K
+    assert slot_rows.kv_rows(rows[..., ::2], rows[..., 1::2]) is None  # head dim not contiguous
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from proxima.engine.attention import planning  # noqa: E402
-from proxima.engine.attention.reference import slot_attention_torch, write_kv  # noqa: E402
+from proxima.engine.attention.reference import slot_attention_torch  # noqa: E402
+from proxima.engine.attention.slot_rows import write_kv  # noqa: E402
 from tests.test_attention_kernels import MIXED, MIXED_TILES, assert_rows  # noqa: E402
 
 pytestmark = INTERPRETER_WARNINGS

@@ -39,7 +39,8 @@ from proxima.engine import heap_trim
 from proxima.engine.attention import per_token_head, vllm_cpu_kernel
 from proxima.engine.attention.per_token_head import PTH_FORMATS, PTHCache, pth_format
 from proxima.engine.attention.quant import FP8_KV_DTYPES, KVScales, storage_dtype
-from proxima.engine.attention.reference import slot_attention_torch, write_kv
+from proxima.engine.attention.reference import slot_attention_torch
+from proxima.engine.attention.slot_rows import write_kv
 
 # vLLM looks the name up in its backend enum: CUSTOM is the slot for third-party backends.
 BACKEND_NAME = "CUSTOM"

@@ -14,7 +14,7 @@ This module is both the CPU production path and the reference the Triton kernels
   ``scaled_dot_product_attention`` with a causal mask offset by the context already cached.
 
 Speed on CPU comes from three choices, each measured (scripts/bench_cpu_attention.py): when K and
-V are the two halves of one row per slot (the backend's layout, see ``kv_rows``) one
+V are the two halves of one row per slot (the backend's layout, see ``slot_rows.kv_rows``) one
 ``index_select`` of whole rows gathers both; attention inputs are 4-D so the fused CPU kernel
 runs instead of the math fallback; and the metadata is planned in numpy, not torch, because
 this runs per layer per step on a handful of integers.
@@ -46,9 +46,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from proxima.engine.attention import per_token_head
-from proxima.engine.attention.checks import check_attention_args, check_write_kv_args
+from proxima.engine.attention.checks import check_attention_args
 from proxima.engine.attention.per_token_head import PTHCache
-from proxima.engine.attention.quant import KVScales, Rounding, head_scales, is_fp8, quantize_fp8
+from proxima.engine.attention.quant import KVScales, head_scales
+from proxima.engine.attention.slot_rows import gather_slots
 
 # Upper bound on float32 elements of one gathered K (or V) block / score matrix. Decode batches
 # and long prefills are cut into pieces under it, so a batch of long contexts cannot allocate
@@ -60,104 +61,6 @@ _GATHER_BUDGET_ELEMENTS = 1 << 25
 # pass on 8B-like shapes (scripts/bench_cpu_attention.py). Prefill pieces keep the larger bound:
 # cutting them forces masked pieces where one causal call would do.
 _DECODE_CHUNK_ELEMENTS = 1 << 19
-
-def kv_rows(k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, int] | None:
-    """``[num_slots, 2*Hkv*D]`` view when K and V of each slot exactly tile one row, else None.
-
-    The backend's cache is such a layout (``rows[..., :D]`` / ``rows[..., D:]`` of one
-    ``[num_slots, Hkv, 2*D]`` buffer) and so is ``[num_slots, 2, Hkv, D]``. One ``index_select``
-    of whole rows then gathers K and V together, a copy of contiguous runs, where indexing the
-    strided halves separately walks them element by element (tens of times slower on CPU).
-    Exact tiling matters to ``write_kv``, which writes whole rows. Returns the rows and the
-    element offset of V inside a row (K starts the row).
-    """
-    num_slots, num_heads, head_size = k_cache.shape
-    row = 2 * num_heads * head_size
-    if k_cache.stride() != v_cache.stride() or k_cache.dtype != v_cache.dtype:
-        return None
-    if k_cache.untyped_storage().data_ptr() != v_cache.untyped_storage().data_ptr():
-        return None
-    stride_slot, stride_head, stride_dim = k_cache.stride()
-    if (num_slots > 1 and stride_slot != row) or (head_size > 1 and stride_dim != 1):
-        return None
-    v_offset = v_cache.storage_offset() - k_cache.storage_offset()
-    if num_heads == 1:
-        tiles = v_offset == head_size
-    else:  # per head K|V (the backend's), or all heads' K | all heads' V
-        tiles = (stride_head, v_offset) in ((2 * head_size, head_size), (head_size, num_heads * head_size))
-    return (k_cache.as_strided((num_slots, row), (row, 1)), v_offset) if tiles else None
-
-
-def _split_rows(rows: Tensor, v_offset: int, like: Tensor) -> tuple[Tensor, Tensor]:
-    """K and V views ``[N, Hkv, D]`` of gathered rows ``[N, row]`` (laid out as in ``like``)."""
-    shape = (rows.shape[0], *like.shape[1:])
-    stride = (rows.stride(0), *like.stride()[1:])
-    base = rows.storage_offset()
-    return rows.as_strided(shape, stride, base), rows.as_strided(shape, stride, base + v_offset)
-
-
-def _gather_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor,
-               pth: PTHCache | None = None) -> tuple[Tensor, Tensor]:
-    """K and V of ``slots`` (1-D, all valid) as ``[N, Hkv, D]`` float32 tensors (views allowed)."""
-    if pth is not None:
-        return per_token_head.gather(pth, slots)
-    packed = kv_rows(k_cache, v_cache)
-    if packed is None:
-        keys, values = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
-        return keys.float(), values.float()  # float() is a no-op on float32
-    rows, v_offset = packed
-    gathered = rows.index_select(0, slots).float()  # converts K and V in one pass if needed
-    return _split_rows(gathered, v_offset, k_cache)
-
-
-def _codes(t: Tensor) -> Tensor:
-    """fp8 tensors as their uint8 codes (torch's CPU index_copy_ has no fp8 kernel); others as is."""
-    return t.view(torch.uint8) if is_fp8(t.dtype) else t
-
-
-def write_kv(
-    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
-    scales: KVScales | None = None, rounding: Rounding = "nearest",
-) -> None:
-    """Copy row ``t`` of key/value into slot ``slot_mapping[t]``; negative slots are padding.
-
-    ``key``/``value`` may carry padding rows past ``len(slot_mapping)``; those are ignored.
-    Slots must be distinct (a duplicate would make the surviving row unspecified). An fp8 cache
-    takes model-dtype rows and its ``scales``; each written row is quantised once, with
-    ``rounding`` (vLLM's CPU writer rounds toward zero, its CUDA writers to nearest: quant.py).
-    """
-    check_write_kv_args(key, value, k_cache, v_cache, slot_mapping, scales)
-    num_rows = slot_mapping.shape[0]
-    if num_rows == 0:
-        return
-    slots, key, value = slot_mapping.long(), key[:num_rows], value[:num_rows]
-    # One pass gives both the range check and whether there is padding to drop; the common
-    # step has none and skips the mask. (Reading them back syncs a GPU; this is the CPU path:
-    # the Triton writer skips padding in-kernel instead, so it stays graph-capturable.)
-    lowest, highest = (int(x) for x in torch.aminmax(slots))
-    if highest >= k_cache.shape[0]:
-        raise ValueError(f"write_kv: slot {highest} out of range for a cache of {k_cache.shape[0]} slots")
-    if lowest < 0:
-        rows = (slots >= 0).nonzero().squeeze(1)
-        if rows.numel() == 0:
-            return
-        slots, key, value = slots[rows], key[rows], value[rows]
-    if scales is not None:
-        key = quantize_fp8(key, scales.k, k_cache.dtype, rounding)
-        value = quantize_fp8(value, scales.v, v_cache.dtype, rounding)
-    packed = kv_rows(k_cache, v_cache)
-    if packed is None:
-        _codes(k_cache).index_copy_(0, slots, _codes(key))
-        _codes(v_cache).index_copy_(0, slots, _codes(value))
-        return
-    # Assemble whole rows, then scatter them in one pass over contiguous destinations.
-    cache_rows, v_offset = packed
-    source = torch.empty((slots.shape[0], cache_rows.shape[1]), dtype=key.dtype, device=key.device)
-    source_keys, source_values = _split_rows(source, v_offset, k_cache)
-    source_keys.copy_(key)
-    source_values.copy_(value)
-    _codes(cache_rows).index_copy_(0, slots, _codes(source))
-
 
 def slot_attention_torch(
     query: Tensor,
@@ -242,14 +145,12 @@ def plan_rows(query_start_loc: Tensor, seq_lens: Tensor, num_actual_tokens: int 
     return starts, ctx_lens, q_lens, row_limit, (q_lens > 0) & (starts[:-1] < row_limit)
 
 
-def gather_slots(k_cache: Tensor, v_cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
-    """K and V of ``slots`` as ``[N, Hkv, D]`` views in the cache's own dtype: one gather of whole
-    rows when K and V tile them (``kv_rows``)."""
-    packed = kv_rows(k_cache, v_cache)
-    if packed is None:
-        return k_cache.index_select(0, slots), v_cache.index_select(0, slots)
-    rows, v_offset = packed
-    return _split_rows(rows.index_select(0, slots), v_offset, k_cache)
+def _gather_float(k_cache: Tensor, v_cache: Tensor, slots: Tensor,
+                  pth: PTHCache | None = None) -> tuple[Tensor, Tensor]:
+    """K and V of ``slots`` (1-D, all valid) as ``[N, Hkv, D]`` float32 tensors (views allowed)."""
+    if pth is not None:
+        return per_token_head.gather(pth, slots)
+    return gather_slots(k_cache, v_cache, slots, torch.float32)
 
 
 def _check_metadata_values(
@@ -361,7 +262,7 @@ def _attend_decode_chunk(
         # Entries past a request's length are garbage: point them at slot 0 rather than read them.
         slots = torch.where(visible, slots, 0)
         mask = visible[:, None, None, :]  # [n, 1, 1, L]: every head, the one query
-    keys, values = _gather_kv(k_cache, v_cache, slots.reshape(-1), pth)
+    keys, values = _gather_float(k_cache, v_cache, slots.reshape(-1), pth)
     keys = keys.view(num, max_len, num_kv_heads, head_size).transpose(1, 2)  # [n, Hkv, L, D]
     values = values.view(num, max_len, num_kv_heads, head_size).transpose(1, 2)
     q = _select(query, token_rows).float().unsqueeze(2)  # [n, Hq, 1, D]
@@ -392,7 +293,7 @@ def _attend_one_request(
     device = query.device
     num_query_heads, num_kv_heads = query.shape[1], k_cache.shape[1]
     context = seq_len - q_len  # tokens cached before this step's queries
-    keys, values = _gather_kv(k_cache, v_cache, slot_row[:seq_len], pth)
+    keys, values = _gather_float(k_cache, v_cache, slot_row[:seq_len], pth)
     # 4-D [1, H, L, D]: the fused (flash) CPU kernel takes only 4-D inputs; 3-D falls back to
     # the math kernel, which materializes the score matrix.
     keys, values = keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0)

@@ -1,6 +1,6 @@
 """Triton KV write: each new token's K/V into its slot (fp8 caches quantised with the layer's scales).
 
-The write half of the slot-attention contract (``reference.write_kv`` is its torch twin and the
+The write half of the slot-attention contract (``slot_rows.write_kv`` is its torch twin and the
 reference it is tested against); ``triton_attention`` holds the attention kernels. An fp8 cache
 stores ``fp8(x / scale)`` saturated to the format's finite range, rounding to nearest even as
 vLLM's CUDA writers do (``quant.py`` states the semantics).

@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 from proxima.engine.attention.checks import check_attention_args
-from proxima.engine.attention.reference import gather_slots, plan_rows
+from proxima.engine.attention.reference import plan_rows
+from proxima.engine.attention.slot_rows import gather_slots
 
 SCRATCH_BLOCK = 32
 STOCK_CPU_BLOCK = 128  # vLLM's default block size on CPU: the ISA is chosen as for it
