@@ -13,6 +13,8 @@ from tests.attention_cases import (  # first: sets TRITON_INTERPRET on CPU-only 
 
 # isort: split
 
+from types import SimpleNamespace  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -85,7 +87,8 @@ def test_warm_up_compiles_every_variant_the_launches_use(monkeypatch: pytest.Mon
     launched: set = set()
 
     def variant(launcher, key, options) -> tuple:
-        return id(launcher), key[1], key[-2] if launcher is ta._launch_attention else key[-2:], \
+        # The attention key's constexprs and role; the merge's last two items.
+        return id(launcher), key[1], key[4:6] if launcher is ta._launch_attention else key[-2:], \
             tuple(sorted(options.items()))
 
     def compile_(self, grid, args, key, **options) -> bool:
@@ -115,6 +118,85 @@ def test_warm_up_compiles_every_variant_the_launches_use(monkeypatch: pytest.Mon
             warmup.compile_attention_variants(*args, b.output, scales)
         ta.slot_attention_triton(*args, b.scale, b.output, max_query_len=max(q for q, _ in requests),
                                  max_seq_len=max(s for _, s in requests), kv_scales=scales)
-    splits = {v for v in launched if v[0] == id(ta._launch_attention) and v[2][11]}  # SPLIT constexpr
+    splits = {v for v in launched if v[0] == id(ta._launch_attention) and v[2][0][11]}  # SPLIT
     assert splits and launched, "the cases must launch split and unsplit variants"
     assert launched <= compiled, f"launched but never warmed up: {launched - compiled}"
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("cache", ["float32", "int4_per_token_head"])
+def test_a_plan_of_two_launches_equals_the_one_launch_plan(num_splits: int, cache: str) -> None:
+    """``TileConfig.short_launch``: the short requests in a launch of their own (one program per
+    request) and the rest in the long tiles' launch, both into one split workspace, must write what
+    the one launch writes: bit for bit under the interpreter (same tiles, same sums), to float32
+    rounding on a GPU (other warps). Short queries at the boundary, long ones, empty requests."""
+    from dataclasses import replace
+
+    from proxima.engine.attention import triton_attention as ta
+    from tests.test_attention_per_token_head import pth_batch
+
+    triton_attention_or_skip()
+    requests = [(4, 40), (1, 30), (5, 5), (0, 4), (1, 1), (21, 60), (4, 4), (1, 77), (0, 0)]
+    if cache == "float32":
+        b = make_batch(requests, 8, 2, 64, fragmented=True, seed=5)
+        scales, k, v = None, b.k_cache, b.v_cache
+        one = planning.TileConfig(32, 16, short_block_m=16, short_block_n=32)
+    else:
+        pb = pth_batch(requests, (8, 2), 64, cache, seed=5)
+        b, scales = pb.batch, pb.cache
+        k, v = scales.k_codes, scales.v_codes
+        one = planning.cache_tiles(4, 64, 4, None, True)
+    two = replace(one, short_launch=planning.TileConfig(one.short_block_m, one.short_block_n, 8, 1))
+    outputs = []
+    for tiles in (one, two):
+        out = torch.full_like(b.output, float("nan"))
+        plan = ta._launch_plan(b.query, k, v, b.slot_table, b.query_start_loc, b.seq_lens, b.scale, out,
+                               b.query.shape[0], tiles, num_splits, scales)
+        assert len(plan) == (tiles is two) + (num_splits > 1) + 1
+        for launch, grid, args, key, options in plan:
+            launch(grid, args, key, **options)
+        outputs.append(out.cpu())
+        if tiles is two and num_splits == 1:  # each launch alone writes only its own requests' rows
+            short = torch.tensor([q <= one.short_block_m // 4 for q, _ in requests for _ in range(q)])
+            for (launch, grid, args, key, options), mine in zip(plan, (short, ~short)):
+                alone = torch.full_like(b.output, float("nan"))
+                launch(grid, tuple(alone if a is out else a for a in args), key, **options)
+                written = torch.isfinite(alone[: b.num_queries].cpu()).all(-1).all(-1)
+                assert torch.equal(written, mine)
+    expected = slot_attention_torch(b.query, k, v, b.slot_table, b.query_start_loc, b.seq_lens, b.scale,
+                                    torch.full_like(b.output, float("nan")), kv_scales=scales)
+    assert_rows(outputs[1], expected.cpu(), b.num_queries, atol=1e-3, rtol=1e-3)
+    if DEVICE == "cpu":
+        assert torch.equal(outputs[0][: b.num_queries], outputs[1][: b.num_queries])
+    else:
+        torch.testing.assert_close(outputs[0][: b.num_queries], outputs[1][: b.num_queries],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_a_uniform_decode_graph_gets_the_decode_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph being captured drops the host hints (it replays other batches), so it gets the mixed
+    plan; vLLM's uniform-decode graphs (``BatchDescriptor.uniform``) replay only batches of the
+    capture's query length, which the backend passes on so they get the decode plan."""
+    from vllm.config import VllmConfig
+    from vllm.forward_context import BatchDescriptor, create_forward_context, override_forward_context
+
+    from proxima.engine.attention.backend import uniform_graph_query_len
+
+    b = make_batch([(1, 30)] * 4, 8, 2, 64, seed=3, dtype=torch.bfloat16)  # fp32 plans are never mixed
+    args = (b.query, b.k_cache, b.slot_table, b.query_start_loc)
+    decode = planning.choose_launch_shape(*args, 1, 30)[0]
+    mixed = planning.choose_launch_shape(*args, None, None)[0]
+    assert decode.short_block_m == 0 and mixed.short_block_m > 0
+    monkeypatch.setattr(planning, "capturing", lambda t: True)
+    assert planning.choose_launch_shape(*args, 1, 30)[0] == mixed
+    assert planning.choose_launch_shape(*args, 1, 30, graph_max_query_len=1)[0] == decode
+
+    meta = SimpleNamespace(max_query_len=1)
+    assert uniform_graph_query_len(meta) is None  # no forward context: not known
+    config = VllmConfig()
+    for uniform, expected in ((True, 1), (False, None)):
+        descriptor = BatchDescriptor(num_tokens=4, num_reqs=4, uniform=uniform)
+        with override_forward_context(create_forward_context(None, config, batch_descriptor=descriptor)):
+            assert uniform_graph_query_len(meta) == expected
+    with override_forward_context(create_forward_context(None, config)):  # eager: no descriptor
+        assert uniform_graph_query_len(meta) is None

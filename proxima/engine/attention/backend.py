@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -150,6 +151,17 @@ class ProximaSlotMetadataBuilder(AttentionMetadataBuilder[ProximaSlotMetadata]):
             slot_table=m.block_table_tensor,
             slot_mapping=m.slot_mapping,
         )
+
+
+def uniform_graph_query_len(m: ProximaSlotMetadata) -> int | None:
+    """The longest query of every batch that the CUDA graph being captured (if one is) replays,
+    where vLLM says so: its uniform-decode FULL graphs (``BatchDescriptor.uniform``) replay only
+    batches of 1 + speculative tokens a request, the capture's ``max_query_len``. They then get the
+    decode plan, not the mixed one a graph of unknown batches needs. None: not known."""
+    if not is_forward_context_available():
+        return None
+    descriptor = get_forward_context().batch_descriptor
+    return m.max_query_len if descriptor is not None and descriptor.uniform else None
 
 
 class ProximaSlotAttentionImpl(AttentionImpl):
@@ -278,7 +290,7 @@ class ProximaSlotAttentionImpl(AttentionImpl):
             slot_attention_triton(
                 q, k_cache, v_cache, m.slot_table, m.query_start_loc, m.seq_lens, self.scale, out,
                 num_actual_tokens=m.num_actual_tokens, max_query_len=m.max_query_len,
-                max_seq_len=m.max_seq_len, kv_scales=scales,
+                max_seq_len=m.max_seq_len, graph_max_query_len=uniform_graph_query_len(m), kv_scales=scales,
             )
         elif not (vllm_cpu_kernel.serves(q, k_cache, scales) and vllm_cpu_kernel.attend(
                 q, k_cache, v_cache, m.slot_table, m.query_start_loc_cpu, m.seq_lens, self.scale, out,

@@ -58,6 +58,18 @@ class TileConfig:
     # ascending run (checked on the GPU, per program; the gather elsewhere). Not chosen by the
     # planner yet: built and tested, its H200 timing is still to be taken (docs/benchmarks.md).
     dense_kv: bool = False
+    # A mixed plan's short requests in a launch of their own (its warps and stages; its tiles
+    # must be the short shape): one program per request, no search for it, and registers and
+    # warps of its own, where one launch compiles both shapes into one kernel at the larger
+    # shape's registers. The long launch's programs of short requests return at once. None: one
+    # launch.
+    short_launch: TileConfig | None = None
+
+    def __post_init__(self) -> None:
+        s = self.short_launch
+        if s is not None and (s.block_m, s.block_n) != (self.short_block_m, self.short_block_n):
+            raise ValueError(f"TileConfig: short_launch tiles {s.block_m}x{s.block_n} must be the short "
+                             f"shape {self.short_block_m}x{self.short_block_n}")
 
 
 @lru_cache(maxsize=4096)  # pure, and asked per layer per step
@@ -216,19 +228,21 @@ def num_sms(device: torch.device) -> int | None:
 def choose_launch_shape(
     query: Tensor, k_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
     max_query_len: int | None, max_seq_len: int | None, tiles: TileConfig | None = None,
+    graph_max_query_len: int | None = None,
 ) -> tuple[TileConfig, int]:
     """Tile shape and split-KV count of a `slot_attention_triton` call with these arguments.
 
     ``tiles`` forces the shape (the GPU sweeps time shapes the planner would not pick), leaving the
-    split count to the planner."""
+    split count to the planner. ``graph_max_query_len``: see `slot_attention_triton`."""
     num_tokens, num_query_heads, head_size = query.shape
     num_kv_heads = k_cache.shape[1]
     num_requests = query_start_loc.shape[0] - 1
     group = num_query_heads // num_kv_heads
     if capturing(slot_table):
         # A graph captured now replays other batches: the hints describe only the capture's dummy
-        # one, so its query lengths are unknown (mixed plan) and the table width bounds its context.
-        max_query_len = max_seq_len = None
+        # one: the table width bounds its context, and its query lengths are unknown (mixed plan)
+        # unless the caller knows every batch the graph replays (vLLM's uniform-decode graphs).
+        max_query_len, max_seq_len = graph_max_query_len, None
     if tiles is None:
         tiles = cache_tiles(group, head_size_pad(head_size), query.dtype.itemsize, max_query_len,
                             k_cache.dtype == torch.uint8)

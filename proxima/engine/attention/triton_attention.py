@@ -112,25 +112,38 @@ def _slot_attention_kernel(
     SHORT_BLOCK_M: tl.constexpr, SHORT_BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, SHORT_DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr, DENSE_KV: tl.constexpr,
-    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr,
+    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr, ROLE: tl.constexpr,
 ):
     """Unified (``SPLIT`` False: writes ``out``) or one KV segment (``SPLIT``: writes partials).
 
     ``SHORT_BLOCK_M`` > 0 (a mixed plan): a request whose queries fit one tile of that many rows
     is attended with that tile and ``SHORT_BLOCK_N``-token KV tiles instead (its only program is
-    its first ``BLOCK_Q`` tile, since a short query fits there too)."""
+    its first ``BLOCK_Q`` tile, since a short query fits there too). ``ROLE`` (a mixed plan of two
+    launches, ``TileConfig.short_launch``): 1 attends only the short requests, program 0 of axis 0
+    being request 0 (the grid has one per request); 2 only the others; 0 both."""
     tile_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
-    req = _find_request(query_start_loc_ptr, tile_idx, num_requests, BLOCK_Q)
+    if ROLE == 1:
+        req = tile_idx
+    else:
+        req = _find_request(query_start_loc_ptr, tile_idx, num_requests, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    local_tile = tile_idx - (q_start // BLOCK_Q + req)
-    if local_tile * BLOCK_Q >= q_len:  # surplus program, or a request with no queries
-        return
+    short = q_len <= SHORT_BLOCK_M // GROUP
+    if ROLE == 1:
+        local_tile = 0
+        if (q_len == 0) | (q_len > SHORT_BLOCK_M // GROUP):
+            return
+    else:
+        local_tile = tile_idx - (q_start // BLOCK_Q + req)
+        if local_tile * BLOCK_Q >= q_len:  # surplus program, or a request with no queries
+            return
+        if ROLE == 2 and short:  # the short launch's
+            return
     seq_len = tl.load(seq_lens_ptr + req)
     slot_row_ptr = slot_table_ptr + req.to(tl.int64) * stride_table_r
     # A constexpr branch first: without a short shape there is nothing to compile for one.
-    if SHORT_BLOCK_M > 0 and q_len <= SHORT_BLOCK_M // GROUP:
+    if SHORT_BLOCK_M > 0 and ROLE != 2 and (ROLE == 1 or short):
         _attend_query_tile(
             q_ptr, k_ptr, v_ptr, out_ptr, slot_row_ptr, acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr,
             v_scale_ptr, rht_ptr, signs_ptr, k_desc, v_desc, qk_scale, num_actual_tokens, num_splits, q_start,
@@ -169,6 +182,7 @@ def slot_attention_triton(
     *,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
+    graph_max_query_len: int | None = None,
     kv_scales: KVScales | None = None,
 ) -> Tensor:
     """Triton ``slot_attention_torch``: same signature, same semantics, writes ``output`` in place.
@@ -177,6 +191,10 @@ def slot_attention_triton(
     they pick tile shapes and the split-KV count, and never change the result, so a stale hint
     costs speed, not correctness. Without ``max_seq_len``, or while a CUDA graph is being
     captured (the graph replays with other lengths), the slot table width stands in for it.
+    While a graph is captured the query-length hint is dropped too (a mixed plan, which serves any
+    batch), unless ``graph_max_query_len`` bounds the queries of every batch the graph will replay:
+    vLLM's uniform-decode graphs replay only batches of 1 + speculative tokens a request, and those
+    get the decode plan.
 
     Metadata values are trusted (checking them would sync the device): ``query_start_loc`` must be
     non-decreasing with ``query_start_loc[-1] <= T``, and ``q_len <= seq_lens[r] <= slot_table
@@ -198,7 +216,7 @@ def slot_attention_triton(
     if num_requests == 0 or num_tokens == 0:
         return output
     tiles, num_splits = choose_launch_shape(query, k_cache, slot_table, query_start_loc, max_query_len,
-                                            max_seq_len)
+                                            max_seq_len, graph_max_query_len=graph_max_query_len)
     row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
     for launch, grid, args, key, options in _launch_plan(
         query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, scale, output, row_limit, tiles,
@@ -260,12 +278,20 @@ def _launch_plan(
                   "tf32x3" if query.dtype.itemsize == 4 else "tf32",
                   num_splits > 1, *quant, dense_kv, codes,
                   tl.float32 if interpreting() or query.dtype.itemsize == 4 else tl.bfloat16, int4_ptx(codes))
-    # The m/l strides (last two) are not specialized on: they stay out of the key. The descriptors'
-    # specialization (dtype, block shape) follows from the caches' and the tiles' in the key.
-    plan = [(_launch_attention, (num_tiles, num_kv_heads, num_splits),
-             (*tensors, *descriptors, *runtime, *strides, *ws_strides, *constexprs),
-             (query.device.index, tensor_key(tensors), strides, ws_strides[:3], constexprs, tiles),
-             {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages})]
+
+    def launch(grid: tuple[int, int, int], role: int, shape: TileConfig):
+        # The m/l strides (last two) are not specialized on: they stay out of the key. The
+        # descriptors' specialization (dtype, block shape) follows from the caches' and the tiles'.
+        args = (*tensors, *descriptors, *runtime, *strides, *ws_strides, *constexprs, role)
+        key = (query.device.index, tensor_key(tensors), strides, ws_strides[:3], constexprs, role, tiles)
+        return (_launch_attention, grid, args, key,
+                {"num_warps": shape.num_warps, "num_stages": shape.num_stages})
+
+    if tiles.short_launch is None:
+        plan = [launch((num_tiles, num_kv_heads, num_splits), 0, tiles)]
+    else:  # both write the same workspace (each request's rows belong to one), merged once below
+        plan = [launch((num_requests, num_kv_heads, num_splits), 1, tiles.short_launch),
+                launch((num_tiles, num_kv_heads, num_splits), 2, tiles)]
     if num_splits > 1:
         plan.append(merge_launch(acc_ws, m_ws, l_ws, output, query_start_loc, num_requests, row_limit,
                                  num_splits, ws_strides, head_size))

@@ -170,62 +170,100 @@ def run(json_path: str | None) -> None:
             json.dump({"copy_bandwidth_bytes_s": bandwidth, "pth_decode": results}, f, indent=1)
 
 
-# -- the int4 decode tile shape: which tile, warps and pipeline depth the quantised read wants --------
+# -- launch plans for decode under graph replay: which plan a captured decode step should run ----------
 
-SWEEP_POINTS = [(128, 4096), (32, 8192), (8, 32768)]
-SWEEP_SHAPES = [(n, w, s) for n in (16, 32, 64, 128) for w, s in ((4, 1), (4, 2), (4, 3), (8, 2), (8, 3))]
+# Decode points, and one serving mix (46 decodes + a 150-token prefill) where the long launch works.
+PLAN_POINTS = [(1, 2048), (8, 8192), (32, 8192), (46, 300), (128, 1024), (128, 4096), (256, 2048),
+               (512, 1024)]
+PLAN_MIXES = ["tight: 46 decodes + 1 prefill of 150"]
 
 
-def sweep_point(batch: int, ctx: int, name: str = "int4_per_token_head") -> dict:
-    """Every shape of SWEEP_SHAPES at the planner's split count, replayed from a graph: time,
-    registers, spills and the largest difference from the planner's own launch."""
-    from kit.timers import replay_us
-    from proxima.engine.attention.planning import TileConfig, choose_launch_shape
+def _plans(cache_kind: str) -> dict:
+    """Name -> TileConfig: what graphs captured today run (one launch of a mixed plan), the decode
+    plan (a uniform-decode graph, ``graph_max_query_len``), and mixed plans of two launches."""
+    from dataclasses import replace
+
+    from proxima.engine.attention.planning import TileConfig, cache_tiles
+
+    int4 = cache_kind == "int4"
+    mixed = cache_tiles(HQ // HKV, D, 2, None, int4)
+    plans = {"mixed-1launch": mixed, "decode-plan": cache_tiles(HQ // HKV, D, 2, 1, int4)}
+    short = (mixed.short_block_m, mixed.short_block_n)
+    for warps, stages in ((8, 1), (4, 1)) if int4 else ((4, 3), (8, 3)):
+        two = replace(mixed, short_launch=TileConfig(*short, warps, stages))
+        plans[f"mixed-2launch-w{warps}s{stages}"] = two
+    return plans
+
+
+def _plan_runs(b, k, v, kv_scales, out, plans: dict) -> dict:
+    from proxima.engine.attention.planning import choose_launch_shape
     from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan
 
-    b = decode_batch(batch, ctx)
-    cache = slot_cache(b, name)
-    fa3_out, out, ref = (torch.empty_like(b.q) for _ in range(3))
-    fa3 = fa3_decode(b, b.q, b.k16, b.v16, fa3_out)
-    result = {"batch": batch, "context": ctx, "fa3_bf16_us": replay_us(fa3), "runs": []}
-    planned, splits = choose_launch_shape(b.q, cache.k_codes, b.slot_table, b.cu_q, None, None)
-    result["planned"] = {"block_n": planned.block_n, "warps": planned.num_warps, "stages": planned.num_stages,
-                         "splits": splits,
-                         "us": replay_us(proxima_call(b, cache, ref))}
-    for n, w, s in SWEEP_SHAPES:
-        tiles = TileConfig(16, n, w, s)
+    runs = {}
+    for name, tiles in plans.items():
         try:
-            plan = _launch_plan(b.q, cache.k_codes, cache.v_codes, b.slot_table, b.cu_q, b.seq_lens, SCALE,
-                                out, b.q.shape[0], tiles, splits, cache)
+            _, splits = choose_launch_shape(b.q, k, b.slot_table, b.cu_q, None, None, tiles=tiles)
+            plan = _launch_plan(b.q, k, v, b.slot_table, b.cu_q, b.seq_lens, SCALE, out, b.q.shape[0], tiles,
+                                splits, kv_scales)
 
             def run(plan=plan):
                 for launch, grid, args, key, options in plan:
                     launch(grid, args, key, **options)
 
-            us = replay_us(run)
-            kernel = _launch_attention._compiled.get(plan[0][3])
-            result["runs"].append({"block_n": n, "warps": w, "stages": s, "us": us,
-                                   "regs": getattr(kernel, "n_regs", None),
-                                   "spills": getattr(kernel, "n_spills", None),
-                                   "max_abs_diff": float((out.float() - ref.float()).abs().max())})
+            us = graph_us(run)
+            regs = [getattr(_launch_attention._compiled.get(p[3]), "n_regs", None) for p in plan
+                    if p[0] is _launch_attention]
+            runs[name] = {"us": us, "splits": splits, "regs": regs, "out": out.float().clone()}
         except Exception as err:
-            error = f"{type(err).__name__}: {err}"[:160]
-            result["runs"].append({"block_n": n, "warps": w, "stages": s, "error": error})
+            runs[name] = {"error": f"{type(err).__name__}: {err}"[:200]}
+    return runs
+
+
+def plan_point(b, label: str) -> dict:
+    """FA3 bf16 and stock int4 for reference; each plan over bf16 and over int4, replayed from a
+    graph, and its largest difference from the one-launch plan's output."""
+    result: dict = {"case": label, "plans": {}}
+    fa3_out = torch.empty_like(b.q)
+    if b.max_q == 1:
+        result["fa3_bf16_us"] = graph_us(fa3_decode(b, b.q, b.k16, b.v16, fa3_out))
+        stock = stock_cache(b, "int4_per_token_head")
+        stock_out = torch.empty_like(b.q)
+        result["stock_int4_us"] = graph_us(stock_call(b, "int4_per_token_head", stock, stock_out))
+        del stock
+    cache = slot_cache(b, "int4_per_token_head")
+    for kind, (k, v, scales) in {"bf16": (b.rows[..., :D], b.rows[..., D:], None),
+                                 "int4": (cache.k_codes, cache.v_codes, cache)}.items():
+        runs = _plan_runs(b, k, v, scales, torch.empty_like(b.q), _plans(kind))
+        base = runs.get("mixed-1launch", {}).get("out")
+        for name, r in runs.items():
+            out = r.pop("out", None)
+            if out is not None and base is not None:
+                r["max_abs_diff"] = float((out - base).abs().max())
+            result["plans"][f"{kind} {name}"] = r
     return result
 
 
-def run_sweep(json_path: str | None) -> None:
+def run_plans(json_path: str | None) -> None:
+    from kit.cases import mixed_batch
+
+    print(f"device {torch.cuda.get_device_name()}; Hq={HQ} Hkv={HKV} D={D}; CUDA-graph replay, median us")
+    cases = [(f"{batch} x {ctx}", decode_batch(batch, ctx)) for batch, ctx in PLAN_POINTS]
+    cases += [(name, mixed_batch(name, 1)) for name in PLAN_MIXES]
     results = []
-    for batch, ctx in SWEEP_POINTS:
-        r = sweep_point(batch, ctx)
+    for label, b in cases:
+        r = plan_point(b, label)
         results.append(r)
-        p = r["planned"]
-        print(f"{batch} x {ctx}: FA3 bf16 {r['fa3_bf16_us']:.1f} us; planned 16x{p['block_n']} w{p['warps']} "
-              f"s{p['stages']} splits {p['splits']}: {p['us']:.1f} us", flush=True)
-        for x in sorted(r["runs"], key=lambda x: x.get("us", 1e9)):
-            print(f"   16x{x['block_n']:<3} w{x['warps']} s{x['stages']}: "
-                  + (f"{x['us']:8.1f} us ({x['us'] / r['fa3_bf16_us']:.2f}x FA3)  regs {x['regs']} spills "
-                     f"{x['spills']}  diff {x['max_abs_diff']:.4f}" if "us" in x else x["error"]), flush=True)
+        ref = " ".join(f"{k[:-3]} {r[k]:.1f}" for k in ("fa3_bf16_us", "stock_int4_us") if k in r)
+        print(f"{label}: {ref}", flush=True)
+        for name, x in r["plans"].items():
+            if "us" not in x:
+                print(f"   {name:32} {x['error']}", flush=True)
+                continue
+            vs = f" ({x['us'] / r['fa3_bf16_us']:.2f}x FA3)" if "fa3_bf16_us" in r else ""
+            print(f"   {name:32} {x['us']:8.1f} us{vs}  splits {x['splits']}  regs {x['regs']}"
+                  f"  diff {x.get('max_abs_diff', float('nan')):.4f}", flush=True)
+        del b
+        torch.cuda.empty_cache()
     if json_path:
         with atomic_output(json_path) as f:
             json.dump(results, f, indent=1)
