@@ -59,7 +59,7 @@ def _variant(cache: str, tiles: TileConfig, split: bool, head_size: int = D,
                  DOT_DTYPE=tl.float16 if fp8 and not tiles.short_block_m else tl.bfloat16,
                  SHORT_DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
                  DOT_PRECISION="tf32", SPLIT=split, QUANT=fp8, SCALE_STRIDE=0, FP8_MAX=448.0 if fp8 else 0.0,
-                 DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16, INT4_PTX=codes == 2)
+                 DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16, INT4_PTX=codes == 2, ROLE=0)
     if model == "fp32":  # a float32 model: float32 dots in 3xTF32, as launch_args.dot_dtype
         const |= dict(DOT_DTYPE=tl.float32, SHORT_DOT_DTYPE=tl.float32, DOT_PRECISION="tf32x3",
                       ROT_DTYPE=tl.float32)
@@ -83,7 +83,11 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
             for split in (False, True):
                 ptrs, const = _variant(cache, tiles, split)
                 name = f"{plan} {'fp8' if cache == 'fp8e4nv' else cache}{' split' if split else ''}"
-                out.append((name, ptrs, const, tiles))
+                if tiles.short_launch is None:
+                    out.append((name, ptrs, const, tiles))
+                else:  # a mixed plan of two launches: each its own variant, with its own warps
+                    out.append((f"{name} short", ptrs, const | {"ROLE": 1}, tiles.short_launch))
+                    out.append((f"{name} long", ptrs, const | {"ROLE": 2}, tiles))
                 if plan == "mixed" and cache == "bf16":  # the dense-tile reads, not served yet
                     desc = f"tensordesc<bf16[{tiles.block_n},{D}]>"
                     out.append((name.replace("mixed", "mixed dense"), ptrs | {"k_desc": desc, "v_desc": desc},
