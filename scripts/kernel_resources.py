@@ -36,6 +36,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from proxima.engine.attention import launch_args
 from proxima.engine.attention import triton_attention as ta
 from proxima.engine.attention.planning import TileConfig, cache_tiles, choose_tiles
 
@@ -59,7 +60,8 @@ def _variant(cache: str, tiles: TileConfig, split: bool, head_size: int = D,
                  DOT_DTYPE=tl.float16 if fp8 and not tiles.short_block_m else tl.bfloat16,
                  SHORT_DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
                  DOT_PRECISION="tf32", SPLIT=split, QUANT=fp8, SCALE_STRIDE=0, FP8_MAX=448.0 if fp8 else 0.0,
-                 DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16, INT4_PTX=codes == 2, ROLE=0)
+                 DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16, INT4_PTX=codes == 2,
+                 ROT_BUTTERFLY=codes == 2 and launch_args.INT4_ROTATION == "butterfly", ROLE=0)
     if model == "fp32":  # a float32 model: float32 dots in 3xTF32, as launch_args.dot_dtype
         const |= dict(DOT_DTYPE=tl.float32, SHORT_DOT_DTYPE=tl.float32, DOT_PRECISION="tf32x3",
                       ROT_DTYPE=tl.float32)

@@ -45,6 +45,11 @@ def scale_args(
     return scales.k, scales.v, (True, int(per_head), float(torch.finfo(k_cache.dtype).max))
 
 
+# How int4 launches rotate queries and accumulators (vLLM's Walsh-Hadamard transform): "butterfly"
+# (triton_int4._fwht, float32 stages in registers) or "matrix" (dots with the [D, D] matrix).
+INT4_ROTATION = "butterfly"
+
+
 def code_args(
     scales: KVScales | PTHCache | None, query: Tensor,
 ) -> tuple[int, tuple[int, int], tuple[Tensor, Tensor]]:

@@ -64,6 +64,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from proxima.engine.attention import launch_args
 from proxima.engine.attention.checks import check_attention_args, check_unit_stride
 from proxima.engine.attention.kernel_launch import CompiledLaunch, tensor_key
 from proxima.engine.attention.launch_args import (
@@ -112,7 +113,8 @@ def _slot_attention_kernel(
     SHORT_BLOCK_M: tl.constexpr, SHORT_BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, SHORT_DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr, DENSE_KV: tl.constexpr,
-    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr, ROLE: tl.constexpr,
+    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr, ROT_BUTTERFLY: tl.constexpr,
+    ROLE: tl.constexpr,
 ):
     """Unified (``SPLIT`` False: writes ``out``) or one KV segment (``SPLIT``: writes partials).
 
@@ -152,7 +154,7 @@ def _slot_attention_kernel(
             stride_ks_s, stride_ks_h, stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
             HEAD_SIZE, HEAD_SIZE_PAD, GROUP, max(SHORT_BLOCK_M // GROUP, 1), max(SHORT_BLOCK_M, 16),
             max(SHORT_BLOCK_N, 16), SHORT_DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, False,
-            KV_CODES, ROT_DTYPE, INT4_PTX,
+            KV_CODES, ROT_DTYPE, INT4_PTX, ROT_BUTTERFLY,
         )
     else:
         _attend_query_tile(
@@ -163,6 +165,7 @@ def _slot_attention_kernel(
             stride_acc_s, stride_ml_t, stride_ml_h,
             HEAD_SIZE, HEAD_SIZE_PAD, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N,
             DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, DENSE_KV, KV_CODES, ROT_DTYPE, INT4_PTX,
+            ROT_BUTTERFLY,
         )
 
 
@@ -277,7 +280,8 @@ def _launch_plan(
                   # kept fp32-level error (3e-7 vs 3e-7 for "ieee") at 2-30x the speed on the H200.
                   "tf32x3" if query.dtype.itemsize == 4 else "tf32",
                   num_splits > 1, *quant, dense_kv, codes,
-                  tl.float32 if interpreting() or query.dtype.itemsize == 4 else tl.bfloat16, int4_ptx(codes))
+                  tl.float32 if interpreting() or query.dtype.itemsize == 4 else tl.bfloat16, int4_ptx(codes),
+                  codes == 2 and launch_args.INT4_ROTATION == "butterfly")
 
     def launch(grid: tuple[int, int, int], role: int, shape: TileConfig):
         # The m/l strides (last two) are not specialized on: they stay out of the key. The

@@ -252,15 +252,43 @@ def _hadamard(x, rht_ptr, HEAD_SIZE_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr, 
     return _hadamard_block(x, rht_ptr, HEAD_SIZE_PAD, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION, SPLIT_HI)
 
 
+@triton.constexpr_function
+def _log2(n):
+    return n.bit_length() - 1
+
+
+@triton.jit
+def _butterfly_stage(x, H: tl.constexpr):
+    """One stage of vLLM's Walsh-Hadamard butterfly (``per_token_head._butterfly``): columns
+    (2Hj + i, 2Hj + H + i) -> (a + b, a - b), in registers."""
+    rows: tl.constexpr = x.shape[0]
+    n: tl.constexpr = x.shape[1]
+    a, b = tl.split(tl.permute(tl.reshape(x, [rows, n // (2 * H), 2, H]), [0, 1, 3, 2]))
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), [0, 1, 3, 2]), [rows, n])
+
+
+@triton.jit
+def _fwht(x):
+    """``x @ H`` for ``x`` [M, D] float32 by log2(D) butterfly stages in float32, in place of the
+    dots with the [D, D] matrix (a 64 KiB load from L2 per rotation at D 128, two a program)."""
+    for i in tl.static_range(_log2(x.shape[1])):
+        x = _butterfly_stage(x, 1 << i)
+    return x
+
+
 @triton.jit
 def _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, Q_DTYPE: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ROT_BUTTERFLY: tl.constexpr):
     """vLLM's int4 query rotation (signs, then the Walsh-Hadamard transform), rounded to the
     model dtype as vLLM rounds it, in the paired order on decode-shaped tiles (``_paired``); and
-    the rows' sums (for the zero points)."""
+    the rows' sums (for the zero points). ``ROT_BUTTERFLY``: by ``_fwht``, else by dots with the
+    matrix at ``rht_ptr``."""
     signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
-    rotated = _hadamard(q.to(tl.float32) * signs[None, :], rht_ptr, HEAD_SIZE_PAD, DOT_DTYPE, DOT_PRECISION,
-                        False)
+    if ROT_BUTTERFLY:
+        rotated = _fwht(q.to(tl.float32) * signs[None, :])
+    else:
+        rotated = _hadamard(q.to(tl.float32) * signs[None, :], rht_ptr, HEAD_SIZE_PAD, DOT_DTYPE,
+                            DOT_PRECISION, False)
     rotated = rotated.to(Q_DTYPE).to(DOT_DTYPE)
     if _paired(q.shape[0], HEAD_SIZE_PAD):
         rotated = _to_paired_order(rotated)
@@ -269,11 +297,14 @@ def _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, Q_DTYPE:
 
 @triton.jit
 def _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD: tl.constexpr, ROT_DTYPE: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              DOT_PRECISION: tl.constexpr, ROT_BUTTERFLY: tl.constexpr):
     """The inverse of ``_rotate_queries`` on an accumulator (linear: partials and unnormalised
     sums alike): vLLM's ``single_rht(x, inverse=True) / D``."""
     if _paired(acc.shape[0], HEAD_SIZE_PAD):
         acc = _from_paired_order(acc)
-    out = _hadamard(acc, rht_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION, ROT_DTYPE != tl.float32)
+    if ROT_BUTTERFLY:
+        out = _fwht(acc)
+    else:
+        out = _hadamard(acc, rht_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION, ROT_DTYPE != tl.float32)
     signs = tl.load(signs_ptr + tl.arange(0, HEAD_SIZE_PAD))
     return out * (signs / HEAD_SIZE_PAD)[None, :]

@@ -68,7 +68,7 @@ def _attend_query_tile(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, DENSE_KV: tl.constexpr,
-    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr,
+    KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr, ROT_BUTTERFLY: tl.constexpr,
 ):
     """Query tile ``local_tile`` (``BLOCK_Q`` tokens x the GQA group) of one request, one KV head.
 
@@ -92,7 +92,7 @@ def _attend_query_tile(
     q_sum = None
     if KV_CODES == 2:
         q, q_sum = _rotate_queries(q, rht_ptr, signs_ptr, HEAD_SIZE_PAD, q_ptr.dtype.element_ty, DOT_DTYPE,
-                                   DOT_PRECISION)
+                                   DOT_PRECISION, ROT_BUTTERFLY)
 
     acc = tl.zeros([BLOCK_M, HEAD_SIZE_PAD], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -155,7 +155,7 @@ def _attend_query_tile(
             k_scale_ptr + kv_head * stride_ks_h, v_scale_ptr + kv_head * stride_ks_h, stride_ks_s, KV_CODES,
         )
     if KV_CODES == 2:
-        acc = _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION)
+        acc = _unrotate(acc, rht_ptr, signs_ptr, HEAD_SIZE_PAD, ROT_DTYPE, DOT_PRECISION, ROT_BUTTERFLY)
     if QUANT:  # P (v_scale * V) == v_scale * (P V); partials too, so the merge stays as is
         acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
     if SPLIT:
