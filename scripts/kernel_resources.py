@@ -85,11 +85,7 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
             for split in (False, True):
                 ptrs, const = _variant(cache, tiles, split)
                 name = f"{plan} {'fp8' if cache == 'fp8e4nv' else cache}{' split' if split else ''}"
-                if tiles.short_launch is None:
-                    out.append((name, ptrs, const, tiles))
-                else:  # a mixed plan of two launches: each its own variant, with its own warps
-                    out.append((f"{name} short", ptrs, const | {"ROLE": 1}, tiles.short_launch))
-                    out.append((f"{name} long", ptrs, const | {"ROLE": 2}, tiles))
+                out += _launches(name, ptrs, const, tiles)
                 if plan == "mixed" and cache == "bf16":  # the dense-tile reads, not served yet
                     desc = f"tensordesc<bf16[{tiles.block_n},{D}]>"
                     out.append((name.replace("mixed", "mixed dense"), ptrs | {"k_desc": desc, "v_desc": desc},
@@ -99,8 +95,17 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
     for plan, max_query_len in (("decode", 1), ("mixed", None)):
         tiles = cache_tiles(HQ // HKV, 256, 4, max_query_len, True)
         ptrs, const = _variant("int4", tiles, False, head_size=256, model="fp32")
-        out.append((f"{plan} int4 fp32 d256", ptrs, const, tiles))
+        out += _launches(f"{plan} int4 fp32 d256", ptrs, const, tiles)
     return out
+
+
+def _launches(name: str, ptrs: dict, const: dict, tiles: TileConfig) -> list:
+    """The plan's launch variants: one, or a mixed plan's two (``TileConfig.short_launch``: the
+    short requests' launch with its own warps, and the long one's), named by role."""
+    if tiles.short_launch is None:
+        return [(name, ptrs, const, tiles)]
+    return [(f"{name} short", ptrs, const | {"ROLE": 1}, tiles.short_launch),
+            (f"{name} long", ptrs, const | {"ROLE": 2}, tiles)]
 
 
 def fp8_decode_tile_variants() -> list[tuple[str, dict, dict, TileConfig]]:

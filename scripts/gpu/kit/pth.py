@@ -187,7 +187,7 @@ def _plans(cache_kind: str) -> dict:
     from proxima.engine.attention.planning import TileConfig, cache_tiles
 
     int4 = cache_kind == "int4"
-    mixed = cache_tiles(HQ // HKV, D, 2, None, int4)
+    mixed = replace(cache_tiles(HQ // HKV, D, 2, None, int4), short_launch=None)
     decode = cache_tiles(HQ // HKV, D, 2, 1, int4)
     plans = {"mixed-1launch": (mixed, "matrix"), "decode-plan": (decode, "matrix")}
     short = (mixed.short_block_m, mixed.short_block_n)
