@@ -5,6 +5,9 @@
 #        [e2e options: --only NAME,... --profile]
 set -uo pipefail
 source /tmp/gpu-env
+# PROXIMA_TREE=DIR: run another tree's proxima package (e.g. `git archive main proxima` unpacked
+# there) with this tree's scripts, for an A/B in one session.
+[[ -n ${PROXIMA_TREE:-} ]] && export PYTHONPATH=$(realpath "$PROXIMA_TREE"):$PYTHONPATH
 out=${OUT:-/tmp/out}
 # bench SCRIPT NAME: run scripts/gpu/SCRIPT.py, its JSON to $out/NAME.json and its report to $out/NAME.txt.
 bench() {
