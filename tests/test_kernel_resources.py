@@ -32,9 +32,9 @@ CEILINGS = {
     # launch's 16 B: values stored before its KV loop and loaded after it (no local memory inside).
     "decode int8": (228, 0), "decode int8 split": (214, 0),
     "mixed int8": (255, 16), "mixed int8 split": (244, 0),
-    "decode int4": (140, 0), "decode int4 split": (140, 0),
-    "mixed int4 short": (140, 0), "mixed int4 long": (255, 16),
-    "mixed int4 split short": (140, 0), "mixed int4 split long": (255, 16),
+    "decode int4": (168, 0), "decode int4 split": (168, 0),
+    "mixed int4 short": (168, 0), "mixed int4 long": (255, 16),
+    "mixed int4 split short": (168, 0), "mixed int4 split long": (255, 16),
     # A float32 model at head 256: correct first (its 128-token tiles needed 288 KiB of shared
     # memory and failed to launch on the H200); the spills are that rare shape's cost.
     "decode int4 fp32 d256": (255, 2416), "mixed int4 fp32 d256": (255, 2416),

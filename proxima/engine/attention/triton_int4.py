@@ -81,6 +81,12 @@ def _attend_int4_tiles_swapped(
     code_bias = _code_bias(DOT_DTYPE)
     q_t = tl.trans(q)
     acc_t = tl.trans(acc)
+    # P's sums and its zero-point terms per (token, row), kept rescaled like acc and reduced once
+    # after the loop: a sum along the tokens crosses warps (shuffles, shared memory, barriers), and
+    # two of them a tile cost more than the [BLOCK_N, M] adds that replace them.
+    p_sums = tl.zeros([BLOCK_N, q.shape[0]], dtype=tl.float32)
+    z_sums = tl.zeros([BLOCK_N, q.shape[0]], dtype=tl.float32)
+    l_scale = tl.full([q.shape[0]], 1.0, dtype=tl.float32)
     for tile in range(tile_start, tile_end):
         offs_n, n_ok, k_words, v_words, k_bits, v_bits = _load_int4_tile(
             tile, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, stride_k_s,
@@ -95,13 +101,16 @@ def _attend_int4_tiles_swapped(
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
         p_t = tl.exp2(s_t - m_safe[None, :])
         alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p_t, 0)
+        l_scale *= alpha
+        p_sums = p_sums * alpha[None, :] + p_t
         p_t = (p_t * (v_bits & -16).to(tl.float32, bitcast=True)[:, None]).to(DOT_DTYPE)
         v_t = tl.trans(_nibble_pairs(v_words, DOT_DTYPE, PTX))
         acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t, input_precision=DOT_PRECISION)
-        acc_t -= tl.sum(p_t.to(tl.float32) * ((v_bits & 0xF) + code_bias).to(tl.float32)[:, None], 0)[None, :]
+        zero_points = ((v_bits & 0xF) + code_bias).to(tl.float32)
+        z_sums = z_sums * alpha[None, :] + p_t.to(tl.float32) * zero_points[:, None]
         m_i = m_new
-    return tl.trans(acc_t), l_i, m_i
+    acc_t -= tl.sum(z_sums, 0)[None, :]
+    return tl.trans(acc_t), l_i * l_scale + tl.sum(p_sums, 0), m_i
 
 
 @triton.jit
