@@ -26,15 +26,13 @@ CEILINGS = {
     "mixed dense bf16": (255, 0), "mixed dense bf16 split": (211, 0),
     # Per-token-head codes. int8 takes the bf16 plan's tiles (its mixed variant spills 16 B, as
     # when the H200 timed it at 0.96-1.10x stock int8); int4 16 x 128 tiles, one stage
-    # (planning._pth_tiles), unpacking nibbles in-kernel and rotating by butterflies. Its decode
-    # tiles run the transposed dots with 8 warps (4 warps spilled), in mixed plans in a launch of
-    # their own (TileConfig.short_launch): in one launch they ran at the long tiles' 255. The long
-    # launch's 16 B: values stored before its KV loop and loaded after it (no local memory inside).
+    # (planning._pth_tiles), unpacking nibbles in-kernel and rotating by butterflies (no stack: the
+    # matrix rotation's dots spilled 16 B in the mixed plan, 88 B once the decode tiles kept their
+    # sums per token). Decode-only int4 plans run the transposed dots with 8 warps (4 spilled).
     "decode int8": (228, 0), "decode int8 split": (214, 0),
     "mixed int8": (255, 16), "mixed int8 split": (244, 0),
     "decode int4": (168, 0), "decode int4 split": (168, 0),
-    "mixed int4 short": (168, 0), "mixed int4 long": (255, 16),
-    "mixed int4 split short": (168, 0), "mixed int4 split long": (255, 16),
+    "mixed int4": (255, 0), "mixed int4 split": (255, 0),
     # A float32 model at head 256: correct first (its 128-token tiles needed 288 KiB of shared
     # memory and failed to launch on the H200); the spills are that rare shape's cost.
     "decode int4 fp32 d256": (255, 2416), "mixed int4 fp32 d256": (255, 2416),

@@ -130,11 +130,11 @@ def _pth_tiles(tiles: TileConfig, head_size_pad: int, itemsize: int) -> TileConf
     of it (the H200 has 227), so wide rows in float32 take 64-token tiles."""
     block_n = 128 if head_size_pad * itemsize <= 512 else 64
     if tiles.short_block_m:
-        # Two launches: in one, the decodes ran at the long tiles' 255 registers with 4 warps (sm_90
-        # build), where their own launch takes the decode plan's 8 warps at 168.
-        short = TileConfig(tiles.short_block_m, block_n, 8 if block_n == 128 else tiles.num_warps, 1)
-        return TileConfig(tiles.block_m, tiles.block_n, tiles.num_warps, 1, tiles.short_block_m, block_n,
-                          short_launch=short)
+        # One launch. Two (TileConfig.short_launch, 8 warps for the decodes: 162 registers against
+        # 255, sm_90 build) are built and tested but not timed; in a graph-replayed decode step the
+        # long launch's programs would all search for their request and return, a cost of their
+        # own (docs/benchmarks.md, issue 25: scripts/gpu/run.sh sweep-pth times both).
+        return TileConfig(tiles.block_m, tiles.block_n, tiles.num_warps, 1, tiles.short_block_m, block_n)
     # Decode-only plans run the transposed dots (triton_int4._attend_int4_tiles_swapped): their
     # 128-token first operands take 255 registers and spill with 4 warps (sm_90 build), 172 with 8.
     return TileConfig(tiles.block_m, block_n, 8 if block_n == 128 else tiles.num_warps, 1)
