@@ -17,6 +17,19 @@ import pytest
 from proxima.harness import EngineProcess, registry_of
 from proxima.server_process import ManagedServer, ServerSpec
 
+
+def _stock_cpu_serves_fp8_kv() -> bool:
+    import torch
+
+    return torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
+
+
+# vLLM 0.26's CPU backend (cpu_attn._get_attn_isa) serves an fp8 KV cache only on x86 with AVX-512
+# or AMX: elsewhere its stock servers refuse to start, and there is nothing to compare against.
+STOCK_CPU_FP8 = _stock_cpu_serves_fp8_kv()
+needs_stock_cpu_fp8 = pytest.mark.skipif(
+    not STOCK_CPU_FP8, reason="stock vLLM serves fp8 KV on CPU only with AVX-512 or AMX; this CPU has none")
+
 # Float32 and eager mode: exact greedy comparisons between engines, and quick start-up on CPU.
 SERVER_ARGS = (
     "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 << 20),

@@ -16,8 +16,9 @@ import statistics
 import pytest
 
 from tests import engine_fp8_scenarios
+from tests.conftest import needs_stock_cpu_fp8
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, needs_stock_cpu_fp8]
 
 RUNS = {  # name: (engine, kv cache dtype, block size)
     "proxima-fp8": ("token", "fp8", 1),

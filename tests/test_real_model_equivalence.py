@@ -31,14 +31,17 @@ from tokenizers import Tokenizer
 
 from proxima.accuracy import PositionLogprobs, from_vllm, greedy_agreement, kl_summary, perplexity
 from proxima.server_process import ManagedServer, ServerSpec
+from tests.conftest import STOCK_CPU_FP8, needs_stock_cpu_fp8
 from tests.real_model_scenarios import RUNS, SERVER_ARGS, run_scenarios
 
 # The module's one fixture starts five servers in turn, and pytest-timeout charges it all to the
 # first test: 12 minutes on the shared 2 cores at load 10-15 (the suite's default limit is 15).
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(2700)]
 
-GROUPS = (("token", "stock"), ("token-fp8", "stock-fp8"), ("token-nocache",))
-SCORED = ("token", "stock", "token-fp8", "stock-fp8")
+FP8_RUNS = ("token-fp8", "stock-fp8")  # left out where stock vLLM has no CPU fp8 KV (conftest)
+GROUPS = tuple(g for g in (("token", "stock"), FP8_RUNS, ("token-nocache",))
+               if STOCK_CPU_FP8 or g != FP8_RUNS)
+SCORED = tuple(n for n in ("token", "stock", *FP8_RUNS) if STOCK_CPU_FP8 or n not in FP8_RUNS)
 SCENARIOS = ("support", "general", "multiturn")
 # 30 layers x 3 KV heads x head size 64 x (K + V): 46,080 bytes a token in float32, 11,520 in fp8.
 FLOAT32_BYTES_PER_TOKEN, FP8_BYTES_PER_TOKEN = 46_080, 11_520
@@ -93,6 +96,8 @@ def print_figures(runs: dict[str, dict]) -> None:
         print(f"{name}: perplexity {perplexity(passages):.4f} over {sum(map(len, passages))} tokens")
     for ref, test in (("stock", "token"), ("token", "token-fp8"), ("token", "stock-fp8"),
                       ("stock-fp8", "token-fp8")):
+        if ref not in scored or test not in scored:
+            continue
         kl = kl_summary(scored[ref], scored[test])
         chats = greedy_agreement(_chats(runs[ref]), _chats(runs[test]))
         print(f"KL({ref} || {test}): mean {kl.mean:.3g}, p99 {kl.p99:.3g}, max {kl.max:.3g} "
@@ -119,6 +124,7 @@ def test_float32_next_token_distributions_equal_stock(runs):
     assert perplexity(ours) == pytest.approx(perplexity(stock), rel=1e-5)
 
 
+@needs_stock_cpu_fp8
 def test_fp8_next_token_distributions_as_close_to_stock_fp8_as_fp8_allows(runs):
     float32, ours, stock = (_scored(runs[name]) for name in ("token", "token-fp8", "stock-fp8"))
     cost_ours, cost_stock = kl_summary(float32, ours), kl_summary(float32, stock)
@@ -159,13 +165,15 @@ def test_token_prefix_cache_shares_what_blocks_cannot(runs):
     assert runs["token-nocache"]["multiturn"]["after"]["prefix_hits"] == 0
 
 
-@pytest.mark.parametrize("name", ["token", "token-nocache", "token-fp8"])
+@pytest.mark.parametrize("name", ["token", "token-nocache",
+                                  pytest.param("token-fp8", marks=needs_stock_cpu_fp8)])
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_no_slot_held_after_each_scenario(runs, name, scenario):
     after = runs[name][scenario]["after"]
     assert after["slots_used"] == 0 and after["requests_holding"] == 0, after
 
 
+@needs_stock_cpu_fp8
 def test_fp8_runs_store_fp8(runs):
     assert runs["token"]["support"]["after"]["bytes_per_token"] == FLOAT32_BYTES_PER_TOKEN
     assert runs["token-fp8"]["support"]["after"]["bytes_per_token"] == FP8_BYTES_PER_TOKEN
