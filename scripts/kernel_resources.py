@@ -15,6 +15,7 @@ thread and the kinds that cost (shared-memory traffic, integer moves, tensor-cor
 is that times the warps.
 
 usage: python scripts/kernel_resources.py [--json] [--fp8-decode-tiles] [--loop-ops]
+                                          [--int4-rotation butterfly|matrix]
        (TRITON_INTERPRET must be unset)
 Run by tests/test_kernel_resources.py, in a subprocess of its own.
 """
@@ -195,7 +196,10 @@ def main() -> int:
     p.add_argument("--fp8-decode-tiles", action="store_true",
                    help="instead: the fp8 mixed plan with each decode tile shape the fp8 sweep times")
     p.add_argument("--loop-ops", action="store_true", help="also the KV tile loop's instructions by kind")
+    p.add_argument("--int4-rotation", choices=("butterfly", "matrix"), default=launch_args.INT4_ROTATION,
+                   help="how int4 variants rotate (launch_args.INT4_ROTATION; default: the served one)")
     args = p.parse_args()
+    launch_args.INT4_ROTATION = args.int4_rotation
     if os.environ.get("TRITON_INTERPRET"):
         print("kernel_resources: unset TRITON_INTERPRET (the interpreter builds nothing)", file=sys.stderr)
         return 2

@@ -224,20 +224,6 @@ def test_triton_path_matches_float64(name, requests, heads, head_size):
     assert_rows(out, oracle(pb), pb.batch.num_queries, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("rotation", ["butterfly", "matrix"])
-@pytest.mark.parametrize("head_size", [64, 256])
-def test_both_int4_rotations_match_float64(rotation, head_size, monkeypatch):
-    """``launch_args.INT4_ROTATION``: queries and accumulators rotated by butterflies or by dots with
-    the Hadamard matrix (split in halves past 128 columns), decode and prefill tiles alike."""
-    ta = triton_attention_or_skip()
-    from proxima.engine.attention import launch_args
-
-    monkeypatch.setattr(launch_args, "INT4_ROTATION", rotation)
-    pb = pth_batch(MIXED, (4, 2), head_size, "int4_per_token_head", seed=head_size)
-    out = ta.slot_attention_triton(*pb.args(), kv_scales=pb.cache, max_query_len=12)
-    assert_rows(out, oracle(pb), pb.batch.num_queries, atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("name", FORMATS)
 def test_triton_decodes_over_several_kv_tiles_match_float64(name):
     ta = triton_attention_or_skip()
