@@ -62,7 +62,8 @@ def _variant(cache: str, tiles: TileConfig, split: bool, head_size: int = D,
                  SHORT_DOT_DTYPE=tl.float16 if fp8 else tl.bfloat16,
                  DOT_PRECISION="tf32", SPLIT=split, QUANT=fp8, SCALE_STRIDE=0, FP8_MAX=448.0 if fp8 else 0.0,
                  DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16, INT4_PTX=codes == 2,
-                 ROT_BUTTERFLY=codes == 2 and launch_args.INT4_ROTATION == "butterfly", ROLE=0)
+                 ROT_BUTTERFLY=codes == 2 and launch_args.INT4_ROTATION == "butterfly",
+                 INT4_PREFETCH=codes == 2 and launch_args.INT4_PREFETCH, ROLE=0)
     if model == "fp32":  # a float32 model: float32 dots in 3xTF32, as launch_args.dot_dtype
         const |= dict(DOT_DTYPE=tl.float32, SHORT_DOT_DTYPE=tl.float32, DOT_PRECISION="tf32x3",
                       ROT_DTYPE=tl.float32)
@@ -198,8 +199,12 @@ def main() -> int:
     p.add_argument("--loop-ops", action="store_true", help="also the KV tile loop's instructions by kind")
     p.add_argument("--int4-rotation", choices=("butterfly", "matrix"), default=launch_args.INT4_ROTATION,
                    help="how int4 variants rotate (launch_args.INT4_ROTATION; default: the served one)")
+    p.add_argument("--int4-prefetch", action=argparse.BooleanOptionalAction,
+                   default=launch_args.INT4_PREFETCH,
+                   help="whether int4 decode tiles pipeline their loads (launch_args.INT4_PREFETCH)")
     args = p.parse_args()
     launch_args.INT4_ROTATION = args.int4_rotation
+    launch_args.INT4_PREFETCH = args.int4_prefetch
     if os.environ.get("TRITON_INTERPRET"):
         print("kernel_resources: unset TRITON_INTERPRET (the interpreter builds nothing)", file=sys.stderr)
         return 2

@@ -145,7 +145,9 @@ def test_a_plan_of_two_launches_equals_the_one_launch_plan(num_splits: int, cach
         pb = pth_batch(requests, (8, 2), 64, cache, seed=5)
         b, scales = pb.batch, pb.cache
         k, v = scales.k_codes, scales.v_codes
-        one = planning.cache_tiles(4, 64, 4, None, True)
+        # A bf16 model's int4 plan (a float32 one has no short tiles): 16-row decode tiles beside 64.
+        one = planning.cache_tiles(4, 64, 2, None, True)
+        assert one.short_block_m == 16
     two = replace(one, short_launch=planning.TileConfig(one.short_block_m, one.short_block_n, 8, 1))
     outputs = []
     for tiles in (one, two):

@@ -114,7 +114,7 @@ def _slot_attention_kernel(
     DOT_DTYPE: tl.constexpr, SHORT_DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, FP8_MAX: tl.constexpr, DENSE_KV: tl.constexpr,
     KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr, ROT_BUTTERFLY: tl.constexpr,
-    ROLE: tl.constexpr,
+    INT4_PREFETCH: tl.constexpr, ROLE: tl.constexpr,
 ):
     """Unified (``SPLIT`` False: writes ``out``) or one KV segment (``SPLIT``: writes partials).
 
@@ -154,7 +154,7 @@ def _slot_attention_kernel(
             stride_ks_s, stride_ks_h, stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
             HEAD_SIZE, HEAD_SIZE_PAD, GROUP, max(SHORT_BLOCK_M // GROUP, 1), max(SHORT_BLOCK_M, 16),
             max(SHORT_BLOCK_N, 16), SHORT_DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, False,
-            KV_CODES, ROT_DTYPE, INT4_PTX, ROT_BUTTERFLY,
+            KV_CODES, ROT_DTYPE, INT4_PTX, ROT_BUTTERFLY, INT4_PREFETCH,
         )
     else:
         _attend_query_tile(
@@ -165,7 +165,7 @@ def _slot_attention_kernel(
             stride_acc_s, stride_ml_t, stride_ml_h,
             HEAD_SIZE, HEAD_SIZE_PAD, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N,
             DOT_DTYPE, DOT_PRECISION, SPLIT, QUANT, SCALE_STRIDE, DENSE_KV, KV_CODES, ROT_DTYPE, INT4_PTX,
-            ROT_BUTTERFLY,
+            ROT_BUTTERFLY, INT4_PREFETCH,
         )
 
 
@@ -281,7 +281,8 @@ def _launch_plan(
                   "tf32x3" if query.dtype.itemsize == 4 else "tf32",
                   num_splits > 1, *quant, dense_kv, codes,
                   tl.float32 if interpreting() or query.dtype.itemsize == 4 else tl.bfloat16, int4_ptx(codes),
-                  codes == 2 and launch_args.INT4_ROTATION == "butterfly")
+                  codes == 2 and launch_args.INT4_ROTATION == "butterfly",
+                  codes == 2 and launch_args.INT4_PREFETCH)
 
     def launch(grid: tuple[int, int, int], role: int, shape: TileConfig):
         # The m/l strides (last two) are not specialized on: they stay out of the key. The

@@ -28,7 +28,7 @@ def _attend_int4_tiles(
     k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
     stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
     HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PTX: tl.constexpr,
+    PTX: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """``triton_query_tile._attend_kv_tiles`` over int4 codes: q rotated, ``q_sum`` its rows' sums.
 
@@ -37,12 +37,13 @@ def _attend_int4_tiles(
     unpacked in registers by ``_nibbles``; with 16-bit dots a code c enters its dot as bias + c
     (128 in bf16, 1024 in fp16) and the bias joins the zero point. V's correction uses P as
     rounded for its dot, so the bias cancels exactly (up to float32 accumulation). All of a tile's
-    loads are issued before its first dot, so V's latency hides behind the scores."""
+    loads are issued before its first dot, so V's latency hides behind the scores. ``PREFETCH``
+    pipelines the loads of decode-shaped tiles (``_attend_int4_tiles_swapped``)."""
     if _paired(q.shape[0], HEAD_SIZE):
         return _attend_int4_tiles_swapped(
             q, q_sum, acc, l_i, m_i, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len,
             q_abs_pos, qk_scale, stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
-            HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION, PTX)
+            HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION, PTX, PREFETCH)
     shift = (tl.arange(0, HEAD_SIZE) % 8) * 4
     code_bias = _code_bias(DOT_DTYPE)
     for tile in range(tile_start, tile_end):
@@ -69,7 +70,7 @@ def _attend_int4_tiles_swapped(
     k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, q_abs_pos, qk_scale,
     stride_k_s, stride_v_s, stride_ks_s, tile_start, tile_end,
     HEAD_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PTX: tl.constexpr,
+    PTX: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """``_attend_int4_tiles`` for a tile of at most 16 query rows, both dots transposed: scores^T =
     K q^T and acc^T += V^T P^T, so the unpacked codes are the dots' first operand ([BLOCK_N, D] and
@@ -77,7 +78,12 @@ def _attend_int4_tiles_swapped(
     instead of a 16-row tile with 4 useful rows under GQA 4 reading the codes as its second operand
     (sm_90 build of the decode variant, one tile of 128 tokens: 1,356 instructions a thread against
     1,697, IMAD 74 against 399, LDS 27 against 93). The softmax runs along axis 0. q, acc and the
-    codes are in the paired order (``_nibble_pairs``)."""
+    codes are in the paired order (``_nibble_pairs``).
+
+    ``PREFETCH``: a software pipeline in registers. Each iteration issues the next tile's code and
+    scale loads and the slots of the one after before it computes its own, so a tile's two
+    dependent memory round trips (slot table, then codes) overlap the previous tile's arithmetic
+    instead of following it; without it, a program with one tile in flight waits on every load."""
     code_bias = _code_bias(DOT_DTYPE)
     q_t = tl.trans(q)
     acc_t = tl.trans(acc)
@@ -87,30 +93,61 @@ def _attend_int4_tiles_swapped(
     p_sums = tl.zeros([BLOCK_N, q.shape[0]], dtype=tl.float32)
     z_sums = tl.zeros([BLOCK_N, q.shape[0]], dtype=tl.float32)
     l_scale = tl.full([q.shape[0]], 1.0, dtype=tl.float32)
-    for tile in range(tile_start, tile_end):
-        offs_n, n_ok, k_words, v_words, k_bits, v_bits = _load_int4_tile(
-            tile, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, stride_k_s,
-            stride_v_s, stride_ks_s, HEAD_SIZE, BLOCK_N)
-        s_t = tl.dot(_nibble_pairs(k_words, DOT_DTYPE, PTX), q_t, input_precision=DOT_PRECISION)
-        s_t = s_t - q_sum[None, :] * ((k_bits & 0xF) + code_bias).to(tl.float32)[:, None]
-        s_t = s_t * ((k_bits & -16).to(tl.float32, bitcast=True) * qk_scale)[:, None]
-        visible = n_ok[:, None] & (offs_n[:, None] <= q_abs_pos[None, :])
-        s_t = tl.where(visible, s_t, float("-inf"))
-        # _online_softmax_step along axis 0 (l: P before V's scales)
-        m_new = tl.maximum(m_i, tl.max(s_t, 0))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-        p_t = tl.exp2(s_t - m_safe[None, :])
-        alpha = tl.exp2(m_i - m_safe)
-        l_scale *= alpha
-        p_sums = p_sums * alpha[None, :] + p_t
-        p_t = (p_t * (v_bits & -16).to(tl.float32, bitcast=True)[:, None]).to(DOT_DTYPE)
-        v_t = tl.trans(_nibble_pairs(v_words, DOT_DTYPE, PTX))
-        acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t, input_precision=DOT_PRECISION)
-        zero_points = ((v_bits & 0xF) + code_bias).to(tl.float32)
-        z_sums = z_sums * alpha[None, :] + p_t.to(tl.float32) * zero_points[:, None]
-        m_i = m_new
+    if PREFETCH:
+        slots, ok = _int4_tile_slots(tile_start, tile_end, slot_row_ptr, seq_len, BLOCK_N)
+        k_words, v_words, k_bits, v_bits = _int4_tile_codes(
+            slots, ok, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, stride_k_s, stride_v_s, stride_ks_s,
+            HEAD_SIZE)
+        slots, ok = _int4_tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, BLOCK_N)
+        for tile in range(tile_start, tile_end):
+            k_cur, v_cur, kb_cur, vb_cur = k_words, v_words, k_bits, v_bits
+            # Masked past tile_end: the last iterations' prefetches read nothing.
+            k_words, v_words, k_bits, v_bits = _int4_tile_codes(
+                slots, ok, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, stride_k_s, stride_v_s,
+                stride_ks_s, HEAD_SIZE)
+            slots, ok = _int4_tile_slots(tile + 2, tile_end, slot_row_ptr, seq_len, BLOCK_N)
+            acc_t, m_i, l_scale, p_sums, z_sums = _int4_swapped_step(
+                q_t, q_sum, acc_t, m_i, l_scale, p_sums, z_sums, tile, seq_len, q_abs_pos, qk_scale,
+                k_cur, v_cur, kb_cur, vb_cur, code_bias, BLOCK_N, DOT_DTYPE, DOT_PRECISION, PTX)
+    else:
+        for tile in range(tile_start, tile_end):
+            offs_n, n_ok, k_words, v_words, k_bits, v_bits = _load_int4_tile(
+                tile, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, slot_row_ptr, seq_len, stride_k_s,
+                stride_v_s, stride_ks_s, HEAD_SIZE, BLOCK_N)
+            acc_t, m_i, l_scale, p_sums, z_sums = _int4_swapped_step(
+                q_t, q_sum, acc_t, m_i, l_scale, p_sums, z_sums, tile, seq_len, q_abs_pos, qk_scale,
+                k_words, v_words, k_bits, v_bits, code_bias, BLOCK_N, DOT_DTYPE, DOT_PRECISION, PTX)
     acc_t -= tl.sum(z_sums, 0)[None, :]
     return tl.trans(acc_t), l_i * l_scale + tl.sum(p_sums, 0), m_i
+
+
+@triton.jit
+def _int4_swapped_step(
+    q_t, q_sum, acc_t, m_i, l_scale, p_sums, z_sums, tile, seq_len, q_abs_pos, qk_scale,
+    k_words, v_words, k_bits, v_bits, code_bias,
+    BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PTX: tl.constexpr,
+):
+    """One KV tile of ``_attend_int4_tiles_swapped`` from its loaded codes and scale words."""
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < seq_len
+    s_t = tl.dot(_nibble_pairs(k_words, DOT_DTYPE, PTX), q_t, input_precision=DOT_PRECISION)
+    s_t = s_t - q_sum[None, :] * ((k_bits & 0xF) + code_bias).to(tl.float32)[:, None]
+    s_t = s_t * ((k_bits & -16).to(tl.float32, bitcast=True) * qk_scale)[:, None]
+    visible = n_ok[:, None] & (offs_n[:, None] <= q_abs_pos[None, :])
+    s_t = tl.where(visible, s_t, float("-inf"))
+    # _online_softmax_step along axis 0 (l: P before V's scales)
+    m_new = tl.maximum(m_i, tl.max(s_t, 0))
+    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+    p_t = tl.exp2(s_t - m_safe[None, :])
+    alpha = tl.exp2(m_i - m_safe)
+    l_scale *= alpha
+    p_sums = p_sums * alpha[None, :] + p_t
+    p_t = (p_t * (v_bits & -16).to(tl.float32, bitcast=True)[:, None]).to(DOT_DTYPE)
+    v_t = tl.trans(_nibble_pairs(v_words, DOT_DTYPE, PTX))
+    acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t, input_precision=DOT_PRECISION)
+    zero_points = ((v_bits & 0xF) + code_bias).to(tl.float32)
+    z_sums = z_sums * alpha[None, :] + p_t.to(tl.float32) * zero_points[:, None]
+    return acc_t, m_new, l_scale, p_sums, z_sums
 
 
 @triton.jit
@@ -120,16 +157,37 @@ def _load_int4_tile(
 ):
     """One KV tile's loads, all issued before its first dot: positions, which are in the sequence,
     K and V code words ``[BLOCK_N, D/8]`` and the scale words (zero point in the low bits)."""
-    offs_w = tl.arange(0, HEAD_SIZE // 8)
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < seq_len
     # Table entries at or past seq_len are garbage: masked, never dereferenced.
     slots = tl.load(slot_row_ptr + offs_n, mask=n_ok, other=0).to(tl.int64)
-    k_words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=n_ok[:, None], other=0)
-    v_words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=n_ok[:, None], other=0)
-    k_bits = tl.load(ks_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
-    v_bits = tl.load(vs_head_ptr + slots * stride_ks_s, mask=n_ok, other=0.0).to(tl.int32, bitcast=True)
+    k_words, v_words, k_bits, v_bits = _int4_tile_codes(
+        slots, n_ok, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, stride_k_s, stride_v_s, stride_ks_s,
+        HEAD_SIZE)
     return offs_n, n_ok, k_words, v_words, k_bits, v_bits
+
+
+@triton.jit
+def _int4_tile_slots(tile, tile_end, slot_row_ptr, seq_len, BLOCK_N: tl.constexpr):
+    """A tile's slots, and which of them to read: in the sequence, and the tile before tile_end."""
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = (offs_n < seq_len) & (tile < tile_end)
+    return tl.load(slot_row_ptr + offs_n, mask=ok, other=0).to(tl.int64), ok
+
+
+@triton.jit
+def _int4_tile_codes(
+    slots, ok, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, stride_k_s, stride_v_s, stride_ks_s,
+    HEAD_SIZE: tl.constexpr,
+):
+    """K and V code words ``[BLOCK_N, D/8]`` of these slots and their scale words (zero point in
+    the low bits); zeros where not ``ok``."""
+    offs_w = tl.arange(0, HEAD_SIZE // 8)
+    k_words = tl.load(k_head_ptr + slots[:, None] * stride_k_s + offs_w[None, :], mask=ok[:, None], other=0)
+    v_words = tl.load(v_head_ptr + slots[:, None] * stride_v_s + offs_w[None, :], mask=ok[:, None], other=0)
+    k_bits = tl.load(ks_head_ptr + slots * stride_ks_s, mask=ok, other=0.0).to(tl.int32, bitcast=True)
+    v_bits = tl.load(vs_head_ptr + slots * stride_ks_s, mask=ok, other=0.0).to(tl.int32, bitcast=True)
+    return k_words, v_words, k_bits, v_bits
 
 
 @triton.constexpr_function

@@ -69,6 +69,7 @@ def _attend_query_tile(
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     QUANT: tl.constexpr, SCALE_STRIDE: tl.constexpr, DENSE_KV: tl.constexpr,
     KV_CODES: tl.constexpr, ROT_DTYPE: tl.constexpr, INT4_PTX: tl.constexpr, ROT_BUTTERFLY: tl.constexpr,
+    INT4_PREFETCH: tl.constexpr,
 ):
     """Query tile ``local_tile`` (``BLOCK_Q`` tokens x the GQA group) of one request, one KV head.
 
@@ -144,7 +145,7 @@ def _attend_query_tile(
             k_ptr + kv_head * stride_k_h, v_ptr + kv_head * stride_v_h, k_scale_ptr + kv_head * stride_ks_h,
             v_scale_ptr + kv_head * stride_ks_h, slot_row_ptr, seq_len, q_abs_pos, qk_scale, stride_k_s,
             stride_v_s, stride_ks_s, tile_start, tile_end, HEAD_SIZE, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
-            INT4_PTX,
+            INT4_PTX, INT4_PREFETCH,
         )
     elif gather:
         acc, l_i, m_i = _attend_kv_tiles(

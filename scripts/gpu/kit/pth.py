@@ -179,9 +179,9 @@ PLAN_MIXES = ["tight: 46 decodes + 1 prefill of 150"]
 
 
 def _plans(cache_kind: str) -> dict:
-    """Name -> (TileConfig, int4 rotation): what graphs captured today run (one launch of a mixed
-    plan), the decode plan (a uniform-decode graph, ``graph_max_query_len``), and mixed plans of two
-    launches."""
+    """Name -> (TileConfig, int4 rotation, int4 prefetch): what graphs captured today run (one
+    launch of a mixed plan), the decode plan (a uniform-decode graph, ``graph_max_query_len``),
+    mixed plans of two launches, and over int4 each with butterflies and with loads pipelined."""
     from dataclasses import replace
 
     from proxima.engine.attention.planning import TileConfig, cache_tiles
@@ -189,13 +189,15 @@ def _plans(cache_kind: str) -> dict:
     int4 = cache_kind == "int4"
     mixed = replace(cache_tiles(HQ // HKV, D, 2, None, int4), short_launch=None)
     decode = cache_tiles(HQ // HKV, D, 2, 1, int4)
-    plans = {"mixed-1launch": (mixed, "matrix"), "decode-plan": (decode, "matrix")}
+    plans = {"mixed-1launch": (mixed, "matrix", False), "decode-plan": (decode, "matrix", False)}
     short = (mixed.short_block_m, mixed.short_block_n)
     for warps, stages in ((8, 1), (4, 1)) if int4 else ((4, 3), (8, 3)):
         two = replace(mixed, short_launch=TileConfig(*short, warps, stages))
-        plans[f"mixed-2launch-w{warps}s{stages}"] = (two, "matrix")
-    if int4:  # the same plans rotating by butterflies (triton_int4._fwht)
-        plans |= {f"{name} fwht": (tiles, "butterfly") for name, (tiles, _) in plans.items()}
+        plans[f"mixed-2launch-w{warps}s{stages}"] = (two, "matrix", False)
+    if int4:  # the same plans rotating by butterflies (triton_int4._fwht), then also prefetching
+        plans |= {f"{name} fwht": (tiles, "butterfly", False) for name, (tiles, _, _) in plans.items()}
+        plans |= {f"{name} fwht pf": (tiles, "butterfly", True) for name, (tiles, _, _) in plans.items()
+                  if "fwht" not in name}
     return plans
 
 
@@ -205,10 +207,11 @@ def _plan_runs(b, k, v, kv_scales, out, plans: dict) -> dict:
     from proxima.engine.attention.triton_attention import _launch_attention, _launch_plan
 
     runs = {}
-    for name, (tiles, rotation) in plans.items():
+    for name, (tiles, rotation, prefetch) in plans.items():
         try:
             _, splits = choose_launch_shape(b.q, k, b.slot_table, b.cu_q, None, None, tiles=tiles)
-            launch_args.INT4_ROTATION = rotation  # read into the plan's constexprs here
+            # read into the plan's constexprs here
+            launch_args.INT4_ROTATION, launch_args.INT4_PREFETCH = rotation, prefetch
             plan = _launch_plan(b.q, k, v, b.slot_table, b.cu_q, b.seq_lens, SCALE, out, b.q.shape[0], tiles,
                                 splits, kv_scales)
 
