@@ -48,8 +48,9 @@ def scale_args(
 # How int4 launches rotate queries and accumulators (vLLM's Walsh-Hadamard transform): "butterfly"
 # (triton_int4._fwht, float32 stages in registers) or "matrix" (dots with the [D, D] matrix).
 INT4_ROTATION = "butterfly"
-# Whether int4 decode tiles pipeline their loads in registers (triton_int4._attend_int4_tiles_swapped).
-INT4_PREFETCH = False
+# Whether int4 decode tiles pipeline their loads in registers (triton_int4._attend_int4_tiles_swapped):
+# 0 no, 1 yes, 2 yes with the KV loop unrolled twice.
+INT4_PREFETCH = 0
 
 
 def code_args(
