@@ -28,11 +28,13 @@ CEILINGS = {
     # when the H200 timed it at 0.96-1.10x stock int8); int4 16 x 128 tiles, one stage
     # (planning._pth_tiles), unpacking nibbles in-kernel and rotating by butterflies (no stack: the
     # matrix rotation's dots spilled 16 B in the mixed plan, 88 B once the decode tiles kept their
-    # sums per token). Decode-only int4 plans run the transposed dots with 8 warps (4 spilled).
+    # sums per token). Decode tiles pipeline their loads (launch_args.INT4_PREFETCH 1): 24 B of
+    # stack in the mixed plan, which still ran fastest on the H100 (docs/benchmarks.md, issue 25);
+    # a bf16 model's decode-only int4 batches take that plan too (planning.cache_tiles).
     "decode int8": (228, 0), "decode int8 split": (214, 0),
     "mixed int8": (255, 16), "mixed int8 split": (244, 0),
-    "decode int4": (168, 0), "decode int4 split": (168, 0),
-    "mixed int4": (255, 0), "mixed int4 split": (255, 0),
+    "decode int4": (255, 24), "decode int4 split": (255, 0),
+    "mixed int4": (255, 24), "mixed int4 split": (255, 0),
     # A float32 model at head 256: correct first (its 128-token tiles needed 288 KiB of shared
     # memory and failed to launch on the H200); the spills are that rare shape's cost.
     "decode int4 fp32 d256": (255, 2416), "mixed int4 fp32 d256": (255, 2416),

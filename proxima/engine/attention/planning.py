@@ -115,6 +115,12 @@ def cache_tiles(group: int, head_size_pad: int, itemsize: int, max_query_len: in
     variants launches use."""
     tiles = choose_tiles(group, head_size_pad, itemsize, max_query_len)
     if int4_codes:
+        mixed = choose_tiles(group, head_size_pad, itemsize, None)
+        if mixed.short_block_m and not tiles.short_block_m:
+            # Decode-only batches take the mixed plan's decode tiles too: on the H100 (scripts/gpu/
+            # run.sh sweep-pth, 8 decode points) the decode plan's 8-warp programs, one an SM, took
+            # 1.1-1.4x the time of the mixed plan's 4-warp ones, two an SM (equal at 1 x 2,048).
+            tiles = mixed
         # On the H200 (scripts/gpu/sweep_pth_decode.py; 20 shapes at 128 x 4096, 32 x 8192, 8 x 32768)
         # one stage with 128-token tiles was fastest at every point, 0.68-0.69x the time of the
         # 64-token 3-stage tiles the bf16 plan gives. int8 codes keep the bf16 plan: with these tiles
@@ -130,10 +136,9 @@ def _pth_tiles(tiles: TileConfig, head_size_pad: int, itemsize: int) -> TileConf
     of it (the H200 has 227), so wide rows in float32 take 64-token tiles."""
     block_n = 128 if head_size_pad * itemsize <= 512 else 64
     if tiles.short_block_m:
-        # One launch. Two (TileConfig.short_launch, 8 warps for the decodes: 162 registers against
-        # 255, sm_90 build) are built and tested but not timed; in a graph-replayed decode step the
-        # long launch's programs would all search for their request and return, a cost of their
-        # own (docs/benchmarks.md, issue 25: scripts/gpu/run.sh sweep-pth times both).
+        # One launch. Two (TileConfig.short_launch) timed on the H100 (scripts/gpu/run.sh sweep-pth,
+        # graph-replayed decode): 4 warps for the decodes ran as fast as one launch, 8 warps
+        # 1.3-2.7x its time (docs/benchmarks.md, issue 25).
         return TileConfig(tiles.block_m, tiles.block_n, tiles.num_warps, 1, tiles.short_block_m, block_n)
     # Decode-only plans run the transposed dots (triton_int4._attend_int4_tiles_swapped): their
     # 128-token first operands take 255 registers and spill with 4 warps (sm_90 build), 172 with 8.
