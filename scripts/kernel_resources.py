@@ -15,7 +15,7 @@ thread and the kinds that cost (shared-memory traffic, integer moves, tensor-cor
 is that times the warps.
 
 usage: python scripts/kernel_resources.py [--json] [--fp8-decode-tiles] [--loop-ops]
-                                          [--int4-rotation butterfly|matrix]
+                                          [--int4-rotation butterfly|matrix] [--[no-]int4-prefetch]
        (TRITON_INTERPRET must be unset)
 Run by tests/test_kernel_resources.py, in a subprocess of its own.
 """
@@ -63,7 +63,7 @@ def _variant(cache: str, tiles: TileConfig, split: bool, head_size: int = D,
                  DOT_PRECISION="tf32", SPLIT=split, QUANT=fp8, SCALE_STRIDE=0, FP8_MAX=448.0 if fp8 else 0.0,
                  DENSE_KV=False, KV_CODES=codes, ROT_DTYPE=tl.bfloat16, INT4_PTX=codes == 2,
                  ROT_BUTTERFLY=codes == 2 and launch_args.INT4_ROTATION == "butterfly",
-                 INT4_PREFETCH=launch_args.INT4_PREFETCH if codes == 2 else 0, ROLE=0)
+                 INT4_PREFETCH=codes == 2 and launch_args.INT4_PREFETCH, ROLE=0)
     if model == "fp32":  # a float32 model: float32 dots in 3xTF32, as launch_args.dot_dtype
         const |= dict(DOT_DTYPE=tl.float32, SHORT_DOT_DTYPE=tl.float32, DOT_PRECISION="tf32x3",
                       ROT_DTYPE=tl.float32)
@@ -199,8 +199,9 @@ def main() -> int:
     p.add_argument("--loop-ops", action="store_true", help="also the KV tile loop's instructions by kind")
     p.add_argument("--int4-rotation", choices=("butterfly", "matrix"), default=launch_args.INT4_ROTATION,
                    help="how int4 variants rotate (launch_args.INT4_ROTATION; default: the served one)")
-    p.add_argument("--int4-prefetch", type=int, choices=(0, 1, 2), default=launch_args.INT4_PREFETCH,
-                   help="int4 decode tiles' load pipeline (launch_args.INT4_PREFETCH: 0 none, 1, 2 unrolled)")
+    p.add_argument("--int4-prefetch", action=argparse.BooleanOptionalAction,
+                   default=launch_args.INT4_PREFETCH,
+                   help="whether int4 decode tiles pipeline their loads (launch_args.INT4_PREFETCH)")
     args = p.parse_args()
     launch_args.INT4_ROTATION = args.int4_rotation
     launch_args.INT4_PREFETCH = args.int4_prefetch

@@ -24,11 +24,19 @@ def _stock_cpu_serves_fp8_kv() -> bool:
     return torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
 
 
+def _cpu_computes_bf16() -> bool:
+    import torch
+
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 # vLLM 0.26's CPU backend (cpu_attn._get_attn_isa) serves an fp8 KV cache only on x86 with AVX-512
 # or AMX: elsewhere its stock servers refuse to start, and there is nothing to compare against.
 STOCK_CPU_FP8 = _stock_cpu_serves_fp8_kv()
 needs_stock_cpu_fp8 = pytest.mark.skipif(
     not STOCK_CPU_FP8, reason="stock vLLM serves fp8 KV on CPU only with AVX-512 or AMX; this CPU has none")
+# Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX); elsewhere a bf16 model is emulated.
+NATIVE_BF16 = _cpu_computes_bf16()
 
 # Float32 and eager mode: exact greedy comparisons between engines, and quick start-up on CPU.
 SERVER_ARGS = (

@@ -4,7 +4,8 @@ own process through the harness. Catches a benchmark that measures nothing (int4
 reference: the dtype never reached the cache) and a broken int4 path (figures of noise).
 
 The model runs in bfloat16 where the CPU computes it natively (AVX-512 BF16 or AMX), else in
-float32: emulated bfloat16 took this module 488 s on a CPU with neither, float32 193 s."""
+float32: emulated bfloat16 took this module 488 s on a CPU with neither (docs/results/
+cpu-2026-12-05c/ci-durations.txt), float32 188 s (`pytest tests/test_kv_accuracy_engine.py`)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.conftest import NATIVE_BF16
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_kv_accuracy.py"
 INT4, AUTO = "proxima-int4_per_token_head", "proxima-auto"
-NATIVE_BF16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 MODEL_DTYPE = "bfloat16" if NATIVE_BF16 else "float32"
 
 

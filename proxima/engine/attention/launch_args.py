@@ -48,11 +48,10 @@ def scale_args(
 # How int4 launches rotate queries and accumulators (vLLM's Walsh-Hadamard transform): "butterfly"
 # (triton_int4._fwht, float32 stages in registers) or "matrix" (dots with the [D, D] matrix).
 INT4_ROTATION = "butterfly"
-# Whether int4 decode tiles pipeline their loads in registers (triton_int4._attend_int4_tiles_swapped):
-# 0 no, 1 yes, 2 yes with the KV loop unrolled twice. 1 on the H100 (scripts/gpu/run.sh sweep-pth,
-# graph-replayed mixed plan): 0.82-0.89x the time of 0 at every decode point from 8 x 8,192 up;
-# 2 took longer than 0 at each of them (decode plan: 255 registers).
-INT4_PREFETCH = 1
+# Whether int4 decode tiles pipeline their loads in registers (triton_int4._attend_int4_tiles_swapped).
+# On the H100 (scripts/gpu/run.sh sweep-pth, graph-replayed mixed plan): 0.82-0.89x the time without
+# at every decode point from 8 x 8,192 up.
+INT4_PREFETCH = True
 
 
 def code_args(

@@ -113,14 +113,12 @@ def cache_tiles(group: int, head_size_pad: int, itemsize: int, max_query_len: in
     """``choose_tiles``' pick for a cache: int4 codes (unpacked in registers) take their own KV
     tiles (``_pth_tiles``). One place for the launch and the warm-up, so the warm-up compiles the
     variants launches use."""
-    tiles = choose_tiles(group, head_size_pad, itemsize, max_query_len)
+    # int4 plans ignore the query-length hint: decode-only batches take the mixed plan's decode
+    # tiles too. On the H100 (scripts/gpu/run.sh sweep-pth, 8 decode points) the decode plan's
+    # 8-warp programs, one an SM, took 1.1-1.4x the time of the mixed plan's 4-warp ones, two an SM
+    # (equal at 1 x 2,048).
+    tiles = choose_tiles(group, head_size_pad, itemsize, None if int4_codes else max_query_len)
     if int4_codes:
-        mixed = choose_tiles(group, head_size_pad, itemsize, None)
-        if mixed.short_block_m and not tiles.short_block_m:
-            # Decode-only batches take the mixed plan's decode tiles too: on the H100 (scripts/gpu/
-            # run.sh sweep-pth, 8 decode points) the decode plan's 8-warp programs, one an SM, took
-            # 1.1-1.4x the time of the mixed plan's 4-warp ones, two an SM (equal at 1 x 2,048).
-            tiles = mixed
         # On the H200 (scripts/gpu/sweep_pth_decode.py; 20 shapes at 128 x 4096, 32 x 8192, 8 x 32768)
         # one stage with 128-token tiles was fastest at every point, 0.68-0.69x the time of the
         # 64-token 3-stage tiles the bf16 plan gives. int8 codes keep the bf16 plan: with these tiles

@@ -282,7 +282,7 @@ def _launch_plan(
                   num_splits > 1, *quant, dense_kv, codes,
                   tl.float32 if interpreting() or query.dtype.itemsize == 4 else tl.bfloat16, int4_ptx(codes),
                   codes == 2 and launch_args.INT4_ROTATION == "butterfly",
-                  launch_args.INT4_PREFETCH if codes == 2 else 0)
+                  codes == 2 and launch_args.INT4_PREFETCH)
 
     def launch(grid: tuple[int, int, int], role: int, shape: TileConfig):
         # The m/l strides (last two) are not specialized on: they stay out of the key. The

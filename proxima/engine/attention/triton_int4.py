@@ -80,13 +80,10 @@ def _attend_int4_tiles_swapped(
     1,697, IMAD 74 against 399, LDS 27 against 93). The softmax runs along axis 0. q, acc and the
     codes are in the paired order (``_nibble_pairs``).
 
-    ``PREFETCH`` > 0: a software pipeline in registers. Each iteration issues the next tile's code
-    and scale loads and the slots of the one after before it computes its own, so a tile's two
+    ``PREFETCH``: a software pipeline in registers. Each iteration issues the next tile's code and
+    scale loads and the slots of the one after before it computes its own, so a tile's two
     dependent memory round trips (slot table, then codes) overlap the previous tile's arithmetic
-    instead of following it; without it, a program with one tile in flight waits on every load.
-    The loop is unrolled ``PREFETCH`` times: at 1, ptxas copies each loaded register into the one
-    the next iteration reads, and a copy waits for its load, midway through the tile (sm_90 SASS);
-    unrolled twice, the two register sets alternate and nothing is copied."""
+    instead of following it; without it, a program with one tile in flight waits on every load."""
     code_bias = _code_bias(DOT_DTYPE)
     q_t = tl.trans(q)
     acc_t = tl.trans(acc)
@@ -102,7 +99,7 @@ def _attend_int4_tiles_swapped(
             slots, ok, k_head_ptr, v_head_ptr, ks_head_ptr, vs_head_ptr, stride_k_s, stride_v_s, stride_ks_s,
             HEAD_SIZE)
         slots, ok = _int4_tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, BLOCK_N)
-        for tile in tl.range(tile_start, tile_end, loop_unroll_factor=PREFETCH):
+        for tile in range(tile_start, tile_end):
             k_cur, v_cur, kb_cur, vb_cur = k_words, v_words, k_bits, v_bits
             # Masked past tile_end: the last iterations' prefetches read nothing.
             k_words, v_words, k_bits, v_bits = _int4_tile_codes(

@@ -184,20 +184,23 @@ def _plans(cache_kind: str) -> dict:
     mixed plans of two launches, and over int4 each with butterflies and with loads pipelined."""
     from dataclasses import replace
 
-    from proxima.engine.attention.planning import TileConfig, cache_tiles
+    from proxima.engine.attention.planning import TileConfig, _pth_tiles, cache_tiles, choose_tiles
 
     int4 = cache_kind == "int4"
     mixed = replace(cache_tiles(HQ // HKV, D, 2, None, int4), short_launch=None)
-    decode = cache_tiles(HQ // HKV, D, 2, 1, int4)
-    plans = {"mixed-1launch": (mixed, "matrix", 0), "decode-plan": (decode, "matrix", 0)}
+    # The decode plan as the planner builds it for bf16 (int4 plans now ignore the query-length hint
+    # and serve decodes the mixed plan: this keeps the plan that replaced timed beside it).
+    decode = choose_tiles(HQ // HKV, D, 2, 1)
+    decode = _pth_tiles(decode, D, 2) if int4 else decode
+    plans = {"mixed-1launch": (mixed, "matrix", False), "decode-plan": (decode, "matrix", False)}
     short = (mixed.short_block_m, mixed.short_block_n)
     for warps, stages in ((8, 1), (4, 1)) if int4 else ((4, 3), (8, 3)):
         two = replace(mixed, short_launch=TileConfig(*short, warps, stages))
-        plans[f"mixed-2launch-w{warps}s{stages}"] = (two, "matrix", 0)
+        plans[f"mixed-2launch-w{warps}s{stages}"] = (two, "matrix", False)
     if int4:  # the same plans rotating by butterflies (triton_int4._fwht), then also prefetching
-        plans |= {f"{name} fwht": (tiles, "butterfly", 0) for name, (tiles, _, _) in plans.items()}
-        plans |= {f"{name} fwht pf{n}": (tiles, "butterfly", n) for name, (tiles, _, _) in plans.items()
-                  for n in (1, 2) if "fwht" not in name and "w4s1" not in name}
+        plans |= {f"{name} fwht": (tiles, "butterfly", False) for name, (tiles, _, _) in plans.items()}
+        plans |= {f"{name} fwht pf": (tiles, "butterfly", True) for name, (tiles, _, _) in plans.items()
+                  if "fwht" not in name and "w4s1" not in name}
     return plans
 
 
