@@ -12,9 +12,9 @@ built with vLLM's own parser and checked; a refused option costs one line and ex
 Layer: the `proxima serve` supervisor, which starts vLLM's processes and never runs inside them,
 hence outside `proxima.engine`. The supervisor only waits on the server and forwards signals, so
 it must stay small: building the command (which asks torch whether CUDA is there) and checking
-it (vLLM's parser and config) run in a child process, `preflight_in_child`, which hands back the
-command and exits; the supervisor itself never imports torch or vLLM (987 MiB resident when it
-did, docs/benchmarks.md).
+it (vLLM's parser and config) run in the child, `start_checked`, which hands back the command and
+then runs vLLM's server itself, with vLLM already imported; the supervisor never imports torch or
+vLLM (987 MiB resident when it did, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def _one_line(err: Exception) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ServeRequest:
-    """What the user asked `proxima serve` for, as handed to the preflight child."""
+    """What the user asked `proxima serve` for, as handed to the server child."""
 
     model: str
     allocator: str
@@ -277,15 +277,37 @@ class ServeRequest:
     otlp_endpoint: str | None = None
     exact_kv_figures: bool = False
     tenant_salt: str | None = None
+    check_only: bool = False
 
 
-def preflight_in_child(request: ServeRequest) -> ServeCommand:
-    """`build_serve_command` + `preflight` in a child process (they import torch and vLLM, which
-    the supervisor must not keep); raises ProximaConfigError with the child's one line."""
+@dataclass(slots=True)
+class ServerChild:
+    """The child `start_checked` began: its command (checked) and, unless --check, the server it now
+    runs; `metrics_dir` is removed by `supervise`."""
+
+    command: ServeCommand
+    process: subprocess.Popen
+    metrics_dir: str | None
+
+
+def start_checked(request: ServeRequest) -> ServerChild:
+    """Start the child that builds and checks the configuration (`build_serve_command`, `preflight`:
+    they import torch and vLLM, which the supervisor must not keep) and then, in the same process,
+    runs vLLM's server on it, so vLLM is imported once per start (about 20 s saved on a 2-core host).
+    Returns once the check has answered; raises ProximaConfigError with the child's one line, the
+    child then gone and nothing left behind."""
+    env = dict(os.environ)
+    metrics_dir = None
+    if not request.check_only:  # before vLLM imports prometheus_client, in the child
+        metrics_dir = env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="proxima-metrics-")
     read_end, write_end = os.pipe()
     try:
         child = subprocess.Popen([sys.executable, "-m", "proxima.serve_command", str(write_end)],
-                                 stdin=subprocess.PIPE, pass_fds=(write_end,))
+                                 stdin=subprocess.PIPE, pass_fds=(write_end,), env=env)
+    except BaseException:
+        os.close(read_end)
+        _remove(metrics_dir)
+        raise
     finally:
         os.close(write_end)
     try:
@@ -293,46 +315,23 @@ def preflight_in_child(request: ServeRequest) -> ServeCommand:
             assert child.stdin is not None
             child.stdin.write(json.dumps(asdict(request)).encode())
             child.stdin.close()
-            answer = answers.read()  # until the child exits (it holds the only write end)
-    except BaseException:  # Ctrl-C while the child imports vLLM: it does not outlive us
-        child.kill()
-        child.wait()
+            answer = answers.read()  # until the child closes its end: answered, or gone
+        result = json.loads(answer) if answer else {}
+        if "argv" not in result:
+            child.wait()
+            raise ProximaConfigError(result.get("error") or (
+                f"the configuration check ended without an answer (exit code {child.returncode}); "
+                "the lines above say why"))
+    except BaseException:  # a refusal, or Ctrl-C while the child imports vLLM: it does not outlive us
+        _stop(child)
+        _remove(metrics_dir)
         raise
-    code = child.wait()
-    try:
-        result = json.loads(answer)
-    except ValueError:
-        raise ProximaConfigError(f"the configuration check ended without an answer (exit code {code}); "
-                                 "the lines above say why") from None
-    if "error" in result:
-        raise ProximaConfigError(result["error"])
-    return ServeCommand(**result)
+    return ServerChild(ServeCommand(**result), child, metrics_dir)
 
 
-def _preflight_child(answer_fd: int) -> int:
-    """The child's side: read a ServeRequest on stdin, answer a ServeCommand (or an error) on fd."""
-    request = ServeRequest(**json.loads(sys.stdin.read()))
-    try:
-        command = build_serve_command(request.model, request.allocator, request.vllm_args,
-                                      otlp_endpoint=request.otlp_endpoint,
-                                      exact_kv_figures=request.exact_kv_figures,
-                                      tenant_salt=request.tenant_salt)
-        problems = preflight(command)
-        result: dict = asdict(command)
-        if problems:
-            result = {"error": "Proxima cannot serve this configuration:\n  - " + "\n  - ".join(problems)}
-    except ProximaConfigError as err:
-        result = {"error": str(err)}
-    with os.fdopen(answer_fd, "w") as out:
-        json.dump(result, out)
-    return 0
-
-
-def run_server(command: ServeCommand) -> int:
-    """Run vLLM as a child (so the metrics directory is removed on exit); forward signals."""
-    metrics_dir = tempfile.mkdtemp(prefix="proxima-metrics-")
-    env = {**os.environ, **command.env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
-    child = subprocess.Popen(command.argv, env=env)
+def supervise(server: ServerChild) -> int:
+    """Wait on the server child, forwarding SIGINT/SIGTERM; remove its metrics directory at the end."""
+    child = server.process
 
     def forward(signum, _frame):
         child.send_signal(signum)
@@ -343,11 +342,55 @@ def run_server(command: ServeCommand) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        _stop(child)
+        _remove(server.metrics_dir)
 
 
-if __name__ == "__main__":  # the preflight child: python -m proxima.serve_command ANSWER_FD
-    sys.exit(_preflight_child(int(sys.argv[1])))
+def _stop(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.kill()
+    child.wait()
+
+
+def _remove(path: str | None) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _server_child(answer_fd: int) -> int:
+    """The child's side: read a ServeRequest on stdin, answer its ServeCommand (or an error) on
+    the fd and close it; then, unless refused or --check, become vLLM's server (its module run as
+    ``__main__``, as ``python -m`` runs it; this module stays ``__main__`` for vLLM's spawned
+    processes, and its guard keeps them from running this)."""
+    request = ServeRequest(**json.loads(sys.stdin.read()))
+    command = None
+    try:
+        command = build_serve_command(request.model, request.allocator, request.vllm_args,
+                                      otlp_endpoint=request.otlp_endpoint,
+                                      exact_kv_figures=request.exact_kv_figures,
+                                      tenant_salt=request.tenant_salt)
+        # The server's environment from here on: vLLM may load its plugins (Proxima's reads the
+        # allocator then, once per process) while the check below parses the flags.
+        os.environ.update(command.env)
+        problems = preflight(command)
+        result: dict = asdict(command)
+        if problems:
+            command = None
+            result = {"error": "Proxima cannot serve this configuration:\n  - " + "\n  - ".join(problems)}
+    except ProximaConfigError as err:
+        command, result = None, {"error": str(err)}
+    with os.fdopen(answer_fd, "w") as out:
+        json.dump(result, out)
+    if command is None or request.check_only:
+        return 0
+    import runpy
+    from importlib.util import find_spec
+
+    module = command.argv[2]  # [python, -m, vLLM's server module, --model, MODEL, flags...]
+    sys.argv = [find_spec(module).origin, *command.argv[3:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=False)
+    return 0
+
+
+if __name__ == "__main__":  # the server child: python -m proxima.serve_command ANSWER_FD
+    sys.exit(_server_child(int(sys.argv[1])))

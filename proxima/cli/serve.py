@@ -2,8 +2,8 @@
 
 In order, each refusal one line and exit code 2: the model is there and the port free (no vLLM
 imported: milliseconds), then the configuration built and checked by vLLM's own parser in a child
-process (`proxima.serve_command.preflight_in_child`), then the server. This process stays the
-server's small supervisor: it never imports torch or vLLM.
+process, which then runs the server (`proxima.serve_command.start_checked`). This process stays
+the server's small supervisor: it never imports torch or vLLM.
 """
 
 from __future__ import annotations
@@ -39,22 +39,23 @@ def serve(
 ) -> None:
     from proxima.engine.settings import ProximaConfigError
     from proxima.serve_checks import model_problem, port_problem
-    from proxima.serve_command import ServeRequest, preflight_in_child, run_server
+    from proxima.serve_command import ServeRequest, start_checked, supervise
 
     vllm_args = list(ctx.args)
     problem = model_problem(model) or (None if check_only else port_problem(vllm_args))
     if problem:
         fail(problem)
     try:
-        command = preflight_in_child(ServeRequest(model, proxima_allocator, vllm_args, otlp_metrics_endpoint,
-                                                  exact_kv_figures, tenant_salt))
+        server = start_checked(ServeRequest(model, proxima_allocator, vllm_args, otlp_metrics_endpoint,
+                                            exact_kv_figures, tenant_salt, check_only))
     except ProximaConfigError as err:
         fail(str(err))
     except KeyboardInterrupt:
         fail("interrupted while checking the configuration; nothing was started", code=130)
-    for note in command.notes:
+    for note in server.command.notes:
         typer.echo(f"proxima: {note}", err=True)
     if check_only:
+        server.process.wait()
         typer.echo(f"proxima: configuration accepted ({proxima_allocator} allocator)")
         return
-    raise typer.Exit(run_server(command))
+    raise typer.Exit(supervise(server))
