@@ -31,6 +31,15 @@ def test_fp8_decode_grid_is_guarded_beside_the_bf16_cases() -> None:
     assert guard.ratios(run) == {"fp8 graph decode 8 x 32768": 1.21}
 
 
+def test_int4_decode_is_guarded_against_stock_int4_and_fa3_bf16() -> None:
+    run = {"pth_decode": [{"batch": 64, "context": 4096, "proxima_int4_graph_us": 120.0,
+                           "stock_int4_graph_us": 400.0, "fa3_bf16_graph_us": 200.0},
+                          {"batch": 1, "context": 2048, "proxima_int4_graph_us": 20.0,
+                           "stock_int4_error": "RuntimeError"}]}
+    assert guard.ratios(run) == {"int4 graph decode 64 x 4096 (vs stock int4)": 0.3,
+                                 "int4 graph decode 64 x 4096 (vs FA3 bf16)": 0.6}
+
+
 def test_a_ratio_past_the_tolerance_fails_and_one_within_passes() -> None:
     measured = guard.ratios(RUN)
     recorded = {"eager: 46 decodes": 0.85, "graph: 46 decodes": 0.90, "graph decode 8 x 8192": 1.05}
