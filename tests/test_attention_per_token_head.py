@@ -55,6 +55,9 @@ def _rows(num_tokens: int, heads: int, head_size: int, dtype: torch.dtype, seed:
 
 BYTE_CASES = [(name, dtype, head_size) for name in FORMATS
               for dtype in (torch.bfloat16, torch.float16, torch.float32) for head_size in (64, 128, 256)]
+# 40 tokens of 3 heads: an even number of 256-value chunks at every head size, where vLLM's CUDA
+# int4 rotation is right (see test_an_odd_chunk_batch_is_written_as_an_even_one).
+BYTE_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +66,9 @@ def vllm_written(tmp_path_factory) -> list[dict]:
     cases = []
     for i, (name, dtype, head_size) in enumerate(BYTE_CASES):
         gen = torch.Generator().manual_seed(i)
-        cases.append({"key": _rows(37, 3, head_size, dtype, 2 * i),
-                      "value": _rows(37, 3, head_size, dtype, 2 * i + 1),
-                      "slots": torch.randperm(120, generator=gen)[:37], "kv_cache_dtype": name})
+        cases.append({"key": _rows(BYTE_TOKENS, 3, head_size, dtype, 2 * i),
+                      "value": _rows(BYTE_TOKENS, 3, head_size, dtype, 2 * i + 1),
+                      "slots": torch.randperm(120, generator=gen)[:BYTE_TOKENS], "kv_cache_dtype": name})
     work = tmp_path_factory.mktemp("vllm-writer")
     torch.save(cases, work / "in.pt")
     script = Path(__file__).with_name("vllm_reference_kernels.py")
@@ -123,6 +126,42 @@ def test_quantised_bytes_equal_vllms_writer(vllm_written, case):
         assert torch.equal(scales.view(torch.int32), c[f"{prefix}_scales"].view(torch.int32))
         rows = pth.rotate(c[side]) if fmt.packed else c[side]
         _assert_codes_equal(fmt.name, codes, c[f"{prefix}_codes"], rows, scales)
+
+
+@pytest.mark.parametrize(("tokens", "heads", "head_size", "padded"),
+                         [(37, 3, 256, 38), (35, 3, 128, 36), (36, 3, 64, 40), (1, 1, 256, 2),
+                          (5, 8, 128, 5), (3, 4, 128, 3)])
+def test_int4_batches_are_padded_to_whole_chunk_pairs(tokens, heads, head_size, padded):
+    """The padding the CUDA write gives vLLM's Hadamard kernel: the fewest skipped rows (slot -1,
+    zeros) that make an even number of 256-value chunks; none where a token already fills whole
+    pairs (8 heads of 128, 4 of 128)."""
+    key, value = torch.randn(tokens, heads, head_size), torch.randn(tokens, heads, head_size)
+    slots = torch.arange(tokens)
+    k, v, s = pth._even_hadamard_chunks(key, value, slots)
+    assert k.shape[0] == v.shape[0] == s.shape[0] == padded
+    assert k.numel() % 512 == 0
+    assert torch.equal(k[:tokens], key) and torch.equal(v[:tokens], value) and torch.equal(s[:tokens], slots)
+    assert (s[tokens:] == -1).all() and not k[tokens:].any() and not v[tokens:].any()
+    if padded == tokens:
+        assert k is key and v is value and s is slots
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="vLLM's CUDA Hadamard kernel runs on the GPU only")
+@pytest.mark.parametrize(("head_size", "tokens"), [(256, 37), (128, 35), (64, 36)])
+def test_an_odd_chunk_batch_is_written_as_an_even_one(vllm_written, head_size, tokens):
+    """vLLM 0.26's CUDA Hadamard kernel (hadacore) rotates the last of an odd number (> 1) of
+    256-value chunks wrongly: 37 tokens x 3 heads of 256 are 111 chunks, 35 x 3 x 128 are 53 after
+    its padding, 36 x 3 x 64 are 27. Proxima's write pads such a batch to an even count
+    (``per_token_head._even_hadamard_chunks``), so its bytes equal vLLM's writer's for the same rows
+    written where the count is even (the module's 40-token batch)."""
+    case = BYTE_CASES.index(("int4_per_token_head", torch.bfloat16, head_size))
+    c = vllm_written[case]
+    odd = {**c, "key": c["key"][:tokens], "value": c["value"][:tokens], "slots": c["slots"][:tokens]}
+    for _ in range(3):  # the race differs from run to run
+        cache = _written_on_cuda(odd, pth.PTH_FORMATS["int4_per_token_head"])
+        for field in ("k_codes", "v_codes", "k_scales", "v_scales"):
+            ours = getattr(cache, field)[odd["slots"].cuda()].cpu().contiguous().view(torch.uint8)
+            assert torch.equal(ours, c[field][:tokens].contiguous().view(torch.uint8)), field
 
 
 @pytest.mark.parametrize("case", [i for i, (_, d, h) in enumerate(BYTE_CASES)

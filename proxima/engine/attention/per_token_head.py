@@ -27,6 +27,7 @@ gather of a slot reads everything needed to dequantise it. Codes are ``D`` bytes
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -260,9 +261,32 @@ def vllm_write(key: Tensor, value: Tensor, cache: PTHCache, slot_mapping: Tensor
     def blocks(t: Tensor) -> Tensor:  # [S, Hkv, ...] -> [S, 1, Hkv, ...]: block size 1
         return t.unsqueeze(1)
 
+    if cache.fmt.packed:
+        key, value, slot_mapping = _even_hadamard_chunks(key, value, slot_mapping)
+
     triton_reshape_and_cache_flash_per_token_head_quant(
         key, value, blocks(cache.k_codes), blocks(cache.v_codes), blocks(cache.k_scales),
         blocks(cache.v_scales), slot_mapping, kv_quant_mode=get_kv_quant_mode(cache.fmt.name))
+
+
+def _even_hadamard_chunks(key: Tensor, value: Tensor, slot_mapping: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Pad a batch with skipped rows (slot -1) to an even number of 256-value chunks per tensor.
+
+    vLLM 0.26's int4 writer rotates with its CUDA Hadamard kernel (hadacore), which takes
+    chunks of 256 values two to a warp; on an odd count above one (head size 256 with an odd
+    number of (token, head) rows, head size 128 with rows = 2 mod 4 ...) the last chunk's rotation
+    comes out wrong, differently from run to run (H100; docs/benchmarks.md, test:
+    ``test_an_odd_chunk_batch_is_written_as_an_even_one``). Zero rows are cheap to rotate and the
+    writer skips their slots; shapes stay static, so graph capture is unaffected. A model whose
+    token holds a multiple of 512 K values (Llama-3-8B: 8 heads of 128) never pads."""
+    # the fewest tokens whose values fill whole chunk pairs, in K and in V
+    step = math.lcm(*(512 // math.gcd(512, t.shape[1] * t.shape[2]) for t in (key, value)))
+    pad = -key.shape[0] % step
+    if pad == 0:
+        return key, value, slot_mapping
+    return (torch.cat([key, key.new_zeros(pad, *key.shape[1:])]),
+            torch.cat([value, value.new_zeros(pad, *value.shape[1:])]),
+            torch.cat([slot_mapping, slot_mapping.new_full((pad,), -1)]))
 
 
 def gather(cache: PTHCache, slots: Tensor) -> tuple[Tensor, Tensor]:
