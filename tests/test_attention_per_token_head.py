@@ -149,11 +149,13 @@ def test_int4_batches_are_padded_to_whole_chunk_pairs(tokens, heads, head_size, 
 @pytest.mark.skipif(DEVICE != "cuda", reason="vLLM's CUDA Hadamard kernel runs on the GPU only")
 @pytest.mark.parametrize(("head_size", "tokens"), [(256, 37), (128, 35), (64, 36)])
 def test_an_odd_chunk_batch_is_written_as_an_even_one(vllm_written, head_size, tokens):
-    """vLLM 0.26's CUDA Hadamard kernel (hadacore) rotates the last of an odd number (> 1) of
-    256-value chunks wrongly: 37 tokens x 3 heads of 256 are 111 chunks, 35 x 3 x 128 are 53 after
-    its padding, 36 x 3 x 64 are 27. Proxima's write pads such a batch to an even count
-    (``per_token_head._even_hadamard_chunks``), so its bytes equal vLLM's writer's for the same rows
-    written where the count is even (the module's 40-token batch)."""
+    """vLLM 0.26's int4 writer leaves the last rows of a batch wrong when its CUDA Hadamard kernel
+    (hadacore) gets an odd number (> 1) of 256-value chunks: 37 tokens x 3 heads of 256 are 111
+    chunks, 35 x 3 x 128 are 53 after its padding, 36 x 3 x 64 are 27. Proxima's write pads such a
+    batch to an even count (``per_token_head._even_hadamard_chunks``), so its bytes equal vLLM's
+    writer's for the same rows written where the count is even (the module's 40-token batch).
+    H100, without the padding: the last rows differed in 9 of 10 shape x dtype cases, every repeat
+    (docs/results/h100-2026-12-05b/odd-write.txt; 128 x 35 in bfloat16 came out right)."""
     case = BYTE_CASES.index(("int4_per_token_head", torch.bfloat16, head_size))
     c = vllm_written[case]
     odd = {**c, "key": c["key"][:tokens], "value": c["value"][:tokens], "slots": c["slots"][:tokens]}

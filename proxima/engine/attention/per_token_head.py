@@ -272,10 +272,11 @@ def vllm_write(key: Tensor, value: Tensor, cache: PTHCache, slot_mapping: Tensor
 def _even_hadamard_chunks(key: Tensor, value: Tensor, slot_mapping: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Pad a batch with skipped rows (slot -1) to an even number of 256-value chunks per tensor.
 
-    vLLM 0.26's int4 writer rotates with its CUDA Hadamard kernel (hadacore), which takes
-    chunks of 256 values two to a warp; on an odd count above one (head size 256 with an odd
-    number of (token, head) rows, head size 128 with rows = 2 mod 4 ...) the last chunk's rotation
-    comes out wrong, differently from run to run (H100; docs/benchmarks.md, test:
+    vLLM 0.26's int4 writer rotates with its CUDA Hadamard kernel (hadacore), which takes chunks
+    of 256 values two to a warp. On an odd count above one (head size 256 with an odd number of
+    (token, head) rows, 128 with rows = 2 mod 4, ...) its masked path leaves the last chunk's rows
+    wrong in the writer: on an H100, in 9 of 10 shape x dtype cases, every repeat, where the same
+    rows in an even batch come out right (docs/benchmarks.md; test:
     ``test_an_odd_chunk_batch_is_written_as_an_even_one``). Zero rows are cheap to rotate and the
     writer skips their slots; shapes stay static, so graph capture is unaffected. A model whose
     token holds a multiple of 512 K values (Llama-3-8B: 8 heads of 128) never pads."""
