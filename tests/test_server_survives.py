@@ -103,7 +103,12 @@ def test_an_abort_that_leaves_the_engine_at_rest_reads_zero_slots(small_server, 
 
 def test_the_supervisor_stays_small(small_server):
     """The `proxima serve` process only waits on the server: it never imports torch or vLLM
-    (it held 987 MiB when its preflight did, in-process)."""
+    (it held 987 MiB when its preflight did, in-process). Its one child checked the configuration
+    and is the server, listening on the port: vLLM imported once per start, not twice."""
     supervisor = psutil.Process(small_server.pid)
     assert "proxima.cli.main" in " ".join(supervisor.cmdline())
     assert supervisor.memory_info().rss < 150 << 20, supervisor.memory_info().rss
+    (server,) = supervisor.children()
+    assert "proxima.serve_command" in " ".join(server.cmdline())
+    port = small_server.spec.port
+    assert any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in server.net_connections())
