@@ -316,7 +316,10 @@ def start_checked(request: ServeRequest) -> ServerChild:
             child.stdin.write(json.dumps(asdict(request)).encode())
             child.stdin.close()
             answer = answers.read()  # until the child closes its end: answered, or gone
-        result = json.loads(answer) if answer else {}
+        try:
+            result = json.loads(answer)
+        except ValueError:  # nothing, or cut short: the child died while checking
+            result = {}
         if "argv" not in result:
             child.wait()
             raise ProximaConfigError(result.get("error") or (
