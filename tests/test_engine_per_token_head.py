@@ -6,7 +6,7 @@ cached prefix reads exactly the bytes it would have written itself: with the pre
 off, greedy outputs must be the same token for token (float32 model; the K/V a token gets do not
 depend on which batch computed them). Stock vLLM's CPU backend does not serve these dtypes, so
 there is no stock engine to compare with here; the quantised bytes are compared with vLLM's own
-writer in tests/test_attention_per_token_head.py, and on the H200 Proxima's kernel with stock's
+writer in tests/test_per_token_head_writer.py, and on the H200 Proxima's kernel with stock's
 (scripts/gpu/kit/pth.py).
 """
 
