@@ -293,7 +293,8 @@ class ServerChild:
 def start_checked(request: ServeRequest) -> ServerChild:
     """Start the child that builds and checks the configuration (`build_serve_command`, `preflight`:
     they import torch and vLLM, which the supervisor must not keep) and then, in the same process,
-    runs vLLM's server on it, so vLLM is imported once per start (about 20 s saved on a 2-core host).
+    runs vLLM's server on it, so vLLM is imported once per start (a start 70 s instead of 90 s on
+    a 2-core host: docs/benchmarks.md, "proxima serve's start").
     Returns once the check has answered; raises ProximaConfigError with the child's one line, the
     child then gone and nothing left behind."""
     env = dict(os.environ)
@@ -366,7 +367,6 @@ def _server_child(answer_fd: int) -> int:
     ``__main__``, as ``python -m`` runs it; this module stays ``__main__`` for vLLM's spawned
     processes, and its guard keeps them from running this)."""
     request = ServeRequest(**json.loads(sys.stdin.read()))
-    command = None
     try:
         command = build_serve_command(request.model, request.allocator, request.vllm_args,
                                       otlp_endpoint=request.otlp_endpoint,
@@ -376,15 +376,13 @@ def _server_child(answer_fd: int) -> int:
         # allocator then, once per process) while the check below parses the flags.
         os.environ.update(command.env)
         problems = preflight(command)
-        result: dict = asdict(command)
-        if problems:
-            command = None
-            result = {"error": "Proxima cannot serve this configuration:\n  - " + "\n  - ".join(problems)}
+        result: dict = asdict(command) if not problems else {
+            "error": "Proxima cannot serve this configuration:\n  - " + "\n  - ".join(problems)}
     except ProximaConfigError as err:
-        command, result = None, {"error": str(err)}
+        result = {"error": str(err)}
     with os.fdopen(answer_fd, "w") as out:
         json.dump(result, out)
-    if command is None or request.check_only:
+    if "error" in result or request.check_only:
         return 0
     import runpy
     from importlib.util import find_spec
