@@ -280,14 +280,19 @@ def _even_hadamard_chunks(key: Tensor, value: Tensor, slot_mapping: Tensor) -> t
     ``test_an_odd_chunk_batch_is_written_as_an_even_one``). Zero rows are cheap to rotate and the
     writer skips their slots; shapes stay static, so graph capture is unaffected. A model whose
     token holds a multiple of 512 K values (Llama-3-8B: 8 heads of 128) never pads."""
-    # the fewest tokens whose values fill whole chunk pairs, in K and in V
-    step = math.lcm(*(512 // math.gcd(512, t.shape[1] * t.shape[2]) for t in (key, value)))
-    pad = -key.shape[0] % step
+    pad = -key.shape[0] % _chunk_pair_tokens(key.shape[1] * key.shape[2], value.shape[1] * value.shape[2])
     if pad == 0:
         return key, value, slot_mapping
     return (torch.cat([key, key.new_zeros(pad, *key.shape[1:])]),
             torch.cat([value, value.new_zeros(pad, *value.shape[1:])]),
             torch.cat([slot_mapping, slot_mapping.new_full((pad,), -1)]))
+
+
+@functools.cache
+def _chunk_pair_tokens(key_values: int, value_values: int) -> int:
+    """The fewest tokens whose K values, and whose V values, fill whole pairs of 256-value chunks
+    (once per shape: the write runs per layer and step)."""
+    return math.lcm(512 // math.gcd(512, key_values), 512 // math.gcd(512, value_values))
 
 
 def gather(cache: PTHCache, slots: Tensor) -> tuple[Tensor, Tensor]:
