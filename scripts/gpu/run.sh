@@ -41,6 +41,7 @@ pth)  # per-token-head KV kernel tests, then decode under graph replay: Proxima 
   bench bench_pth pth-decode
   ;;
 sweep-pth) bench sweep_pth_decode sweep-pth ;;  # launch plans of graph-replayed decode, bf16 and int4
+sweep-pth-tiles) bench sweep_pth_tiles sweep-pth-tiles ;;  # int4 decode tile shapes, graph-replayed
 e2e-pth)  # the 1 GiB budget with int4 KV: Proxima vs stock int4 vs stock defaults (pass --shared-prefix 300 etc.)
   shift
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null

@@ -204,6 +204,28 @@ def _plans(cache_kind: str) -> dict:
     return plans
 
 
+def _int4_tile_plans() -> dict:
+    """The served int4 plan (one mixed launch, 16 x 128 decode tiles, 4 warps) against narrower
+    decode KV tiles, in one launch and in a short launch of their own (whose registers are not the
+    long tiles'), and 2-warp short launches: which decode tile holds the most loads in flight per
+    SM. All rotate by butterflies and pipeline their loads, as served."""
+    from dataclasses import replace
+
+    from proxima.engine.attention.planning import TileConfig, cache_tiles
+
+    served = replace(cache_tiles(HQ // HKV, D, 2, None, True), short_launch=None)
+    plans = {"served mixed-1launch n128 w4": (served, "butterfly", True)}
+    for n in (64, 32):
+        one = replace(served, short_block_n=n)
+        plans[f"mixed-1launch n{n} w4"] = (one, "butterfly", True)
+        for warps in (4, 2):
+            two = replace(one, short_launch=TileConfig(served.short_block_m, n, warps, 1))
+            plans[f"mixed-2launch n{n} w{warps}"] = (two, "butterfly", True)
+    two = replace(served, short_launch=TileConfig(served.short_block_m, served.short_block_n, 4, 1))
+    plans["mixed-2launch n128 w4"] = (two, "butterfly", True)
+    return plans
+
+
 def _plan_runs(b, k, v, kv_scales, out, plans: dict) -> dict:
     from proxima.engine.attention import launch_args
     from proxima.engine.attention.planning import choose_launch_shape
@@ -231,9 +253,10 @@ def _plan_runs(b, k, v, kv_scales, out, plans: dict) -> dict:
     return runs
 
 
-def plan_point(b, label: str) -> dict:
-    """FA3 bf16 and stock int4 for reference; each plan over bf16 and over int4, replayed from a
-    graph, and its largest difference from the one-launch plan's output."""
+def plan_point(b, label: str, tile_sweep: bool = False) -> dict:
+    """FA3 bf16 and stock int4 for reference; each plan over bf16 and over int4 (``tile_sweep``:
+    the int4 tile plans only), replayed from a graph, and its largest difference from the first
+    plan's output."""
     result: dict = {"case": label, "plans": {}}
     fa3_out = torch.empty_like(b.q)
     if b.max_q == 1:
@@ -243,10 +266,13 @@ def plan_point(b, label: str) -> dict:
         result["stock_int4_us"] = graph_us(stock_call(b, "int4_per_token_head", stock, stock_out))
         del stock
     cache = slot_cache(b, "int4_per_token_head")
-    for kind, (k, v, scales) in {"bf16": (b.rows[..., :D], b.rows[..., D:], None),
-                                 "int4": (cache.k_codes, cache.v_codes, cache)}.items():
-        runs = _plan_runs(b, k, v, scales, torch.empty_like(b.q), _plans(kind))
-        base = runs.get("mixed-1launch", {}).get("out")
+    kinds = {"bf16": (b.rows[..., :D], b.rows[..., D:], None), "int4": (cache.k_codes, cache.v_codes, cache)}
+    for kind, (k, v, scales) in kinds.items():
+        if tile_sweep and kind != "int4":
+            continue
+        plans = _int4_tile_plans() if tile_sweep else _plans(kind)
+        runs = _plan_runs(b, k, v, scales, torch.empty_like(b.q), plans)
+        base = runs.get(next(iter(plans)), {}).get("out")
         for name, r in runs.items():
             out = r.pop("out", None)
             if out is not None and base is not None:
@@ -255,7 +281,9 @@ def plan_point(b, label: str) -> dict:
     return result
 
 
-def run_plans(json_path: str | None) -> None:
+def run_plans(json_path: str | None, tile_sweep: bool = False) -> None:
+    """Time every plan at every point; ``tile_sweep``: the int4 decode tile shapes of
+    ``_int4_tile_plans`` instead of ``_plans``."""
     from kit.cases import mixed_batch
 
     print(f"device {torch.cuda.get_device_name()}; Hq={HQ} Hkv={HKV} D={D}; CUDA-graph replay, median us")
@@ -263,7 +291,7 @@ def run_plans(json_path: str | None) -> None:
     cases += [(name, mixed_batch(name, 1)) for name in PLAN_MIXES]
     results = []
     for label, b in cases:
-        r = plan_point(b, label)
+        r = plan_point(b, label, tile_sweep)
         results.append(r)
         ref = " ".join(f"{k[:-3]} {r[k]:.1f}" for k in ("fa3_bf16_us", "stock_int4_us") if k in r)
         print(f"{label}: {ref}", flush=True)
