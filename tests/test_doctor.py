@@ -27,7 +27,7 @@ from proxima.probes.allocator import MAX_STEP_P99_S
 from proxima.probes.runner import CHECKS
 from proxima.scrape import scrape_sync
 from proxima.server_process import ManagedServer, ServerSpec, free_port
-from tests.conftest import SERVER_ARGS
+from tests.conftest import SERVER_ARGS, own_cores
 
 WINDOW = "3"
 SMALL_KV_ARGS = (
@@ -58,9 +58,9 @@ def fault_servers(tiny_model, server_logs, tmp_path_factory):
     servers = {
         "leak": ManagedServer(ServerSpec(other_weights, "token", args=SERVER_ARGS,
                                          env={"PROXIMA_FAULT_LEAK_SLOTS": "3",
-                                              "PROXIMA_ENABLE_TEST_FAULTS": "1"},
+                                              "PROXIMA_ENABLE_TEST_FAULTS": "1", **own_cores(0, 2)},
                                          log_path=server_logs / "doctor-leak.log")),
-        "small-kv": ManagedServer(ServerSpec(tiny_model, "token", args=SMALL_KV_ARGS,
+        "small-kv": ManagedServer(ServerSpec(tiny_model, "token", args=SMALL_KV_ARGS, env=own_cores(1, 2),
                                              log_path=server_logs / "doctor-small-kv.log")),
     }
     pool = ThreadPoolExecutor(max_workers=len(servers))

@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 
 from proxima.accuracy import PositionLogprobs, from_vllm, greedy_agreement, kl_summary, perplexity
 from proxima.server_process import ManagedServer, ServerSpec
-from tests.conftest import STOCK_CPU_FP8, needs_stock_cpu_fp8
+from tests.conftest import STOCK_CPU_FP8, needs_stock_cpu_fp8, own_cores
 from tests.real_model_scenarios import RUNS, SERVER_ARGS, run_scenarios
 
 # The module's one fixture starts five servers in turn, and pytest-timeout charges it all to the
@@ -53,8 +53,9 @@ def runs(smol_model, server_logs) -> dict[str, dict]:
     for group in GROUPS:
         servers = {name: ManagedServer(ServerSpec(model=smol_model, variant=RUNS[name][0],
                                                   args=SERVER_ARGS + RUNS[name][1],
-                                                  log_path=server_logs / f"smol-{name}.log"))
-                   for name in group}
+                                                  log_path=server_logs / f"smol-{name}.log",
+                                                  env=own_cores(i, len(group))))
+                   for i, name in enumerate(group)}
         try:
             for server in servers.values():
                 server.spawn()
