@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (after .gpu-bundle/device.sh install): kernel tests, decode microbenchmark,
 # end-to-end A/B. Logs and JSON go to $OUT.
-# usage: bash scripts/gpu/run.sh {kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8|pth|e2e-pth}
+# usage: bash scripts/gpu/run.sh {kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|
+#                                 e2e-fp8|pth|sweep-pth|sweep-pth-tiles|e2e-pth}
 #        [e2e options: --only NAME,... --profile]
 set -uo pipefail
 source /tmp/gpu-env
@@ -72,6 +73,6 @@ e2e)
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
   python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e" "$@" 2>&1 | tee "$out/e2e.txt"
   ;;
-*) echo "usage: run.sh kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8|pth|e2e-pth" >&2
+*) echo "usage: run.sh kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|e2e-fp8|pth|sweep-pth|sweep-pth-tiles|e2e-pth" >&2
    exit 2 ;;
 esac

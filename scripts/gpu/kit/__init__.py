@@ -5,7 +5,7 @@
   calls.py        the call tables: each attention implementation on a batch, as vLLM runs it
   timers.py       GPU time eager and under CUDA-graph replay, host enqueue time, copy bandwidth
   profiling.py    where an engine step's time goes (host timer, kernel profile, cProfile)
-  decode.py, mixed.py, fp8.py, sweeps.py    the kernel benches and sweeps
+  decode.py, mixed.py, fp8.py, pth.py, sweeps.py    the kernel benches and sweeps (pth: per-token-head KV)
   ratio_guard.py  the attention regression guard over Proxima/FA3 ratios
   e2e.py, e2e_report.py                     engines end to end, through proxima.harness
 
