@@ -10,9 +10,10 @@ bundled cuobjdump and each build's shared memory from Triton. Measured on the H2
 where a decode program fits three to an SM (docs/benchmarks.md); fp16 dots in the mixed plan's long
 tiles took it to 255 and spilled.
 
-With `--loop-ops`, also each variant's largest loop (the KV tile loop) in SASS: its instructions a
-thread and the kinds that cost (shared-memory traffic, integer moves, tensor-core ops); per-tile work
-is that times the warps.
+With `--loop-ops`, also each variant's two largest loops in SASS (a KV tile loop each: in a mixed
+variant the long tiles' and the short, decode tiles'): their instructions a thread and the kinds
+that cost (shared-memory traffic and barriers, integer moves, tensor-core ops); per-tile work is
+that times the warps.
 
 usage: python scripts/kernel_resources.py [--json] [--fp8-decode-tiles] [--loop-ops]
                                           [--int4-rotation butterfly|matrix] [--[no-]int4-prefetch]
@@ -152,7 +153,7 @@ def build(ptrs: dict, const: dict, tiles):
     return triton.compile(src, target=TARGET, options=options)
 
 
-LOOP_OPS = ("HGMMA", "HMMA", "LDS", "LDSM", "STS", "LDG", "IMAD", "LOP3", "SHF", "PRMT", "SHFL")
+LOOP_OPS = ("HGMMA", "HMMA", "LDS", "LDSM", "STS", "BAR", "LDG", "IMAD", "LOP3", "SHF", "PRMT", "SHFL")
 
 
 def _cuobjdump(kernel, flag: str) -> str:
@@ -173,16 +174,18 @@ def resources(kernel) -> dict[str, int]:
     return {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": kernel.metadata.shared}
 
 
-def loop_ops(kernel) -> dict[str, int]:
-    """Instructions of the compiled variant's largest loop (from a backward branch to its target),
-    by opcode (LOOP_OPS and the total)."""
+def loop_ops(kernel, rank: int = 0) -> dict[str, int]:
+    """Instructions of the compiled variant's ``rank``-th largest loop (0: the largest; a loop runs
+    from a backward branch to its target), by opcode (LOOP_OPS and the total); {"total": 0} when
+    there is no such loop."""
     sass = _cuobjdump(kernel, "-sass")
     code = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = [(at - int(t[1], 16), int(t[1], 16), at) for at, ins in code
-             if "BRA" in ins and (t := re.search(r"0x([0-9a-f]+)", ins)) and int(t[1], 16) < at]
-    if not loops:
+    loops = sorted(((at - int(t[1], 16), int(t[1], 16), at) for at, ins in code
+                    if "BRA" in ins and (t := re.search(r"0x([0-9a-f]+)", ins)) and int(t[1], 16) < at),
+                   reverse=True)
+    if len(loops) <= rank:
         return {"total": 0}
-    _, start, end = max(loops)
+    _, start, end = loops[rank]
     ops: dict[str, int] = {}
     for at, ins in code:
         op = re.match(r"(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ins)
@@ -215,6 +218,8 @@ def main() -> int:
         rows[name] = resources(kernel) | {"warps": tiles.num_warps}
         if args.loop_ops:
             rows[name]["loop"] = loop_ops(kernel)
+            if tiles.short_block_m and tiles.short_launch is None:  # one launch: the decode tiles' loop too
+                rows[name]["loop2"] = loop_ops(kernel, 1)
     if args.json:
         print(json.dumps(rows))
     else:
@@ -222,8 +227,8 @@ def main() -> int:
         for name, r in rows.items():
             print(f"{name:<{width}} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B"
                   f"  shared {r['shared_bytes'] >> 10:>3} KiB"
-                  + ("  loop " + " ".join(f"{k} {v}" for k, v in r["loop"].items())
-                     + f" (x{r['warps']} warps)" if "loop" in r else ""))
+                  + "".join(f"  {key} " + " ".join(f"{k} {v}" for k, v in r[key].items())
+                            + f" (x{r['warps']} warps)" for key in ("loop", "loop2") if key in r))
     return 0
 
 
