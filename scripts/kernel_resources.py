@@ -38,6 +38,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from proxima.engine.attention import gluon_int4_decode as gd
 from proxima.engine.attention import launch_args
 from proxima.engine.attention import triton_attention as ta
 from proxima.engine.attention.planning import TileConfig, cache_tiles, choose_tiles
@@ -89,6 +90,9 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
                 ptrs, const = _variant(cache, tiles, split)
                 name = f"{plan} {'fp8' if cache == 'fp8e4nv' else cache}{' split' if split else ''}"
                 out += _launches(name, ptrs, const, tiles)
+                if plan == "mixed" and cache == "int4":  # on the GPU its decodes go to the Gluon kernel
+                    out.append((name.replace("mixed", "mixed long"), ptrs,
+                                const | {"ROLE": 2, "SHORT_BLOCK_M": gd.ROWS_OUT}, tiles))
                 if plan == "mixed" and cache == "bf16":  # the dense-tile reads, not served yet
                     desc = f"tensordesc<bf16[{tiles.block_n},{D}]>"
                     out.append((name.replace("mixed", "mixed dense"), ptrs | {"k_desc": desc, "v_desc": desc},
@@ -100,6 +104,48 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
         ptrs, const = _variant("int4", tiles, False, head_size=256, model="fp32")
         out += _launches(f"{plan} int4 fp32 d256", ptrs, const, tiles)
     return out
+
+
+def gluon_variants() -> list[tuple[str, dict, dict, int]]:
+    """(name, pointer dtypes, constexprs, warps) of ``gluon_int4_decode``'s served variants: the int4
+    decode kernel, unsplit and split, at head 128 (Llama-3-8B) and 64 (SmolLM2-135M, GQA 3)."""
+    from triton.experimental.gluon import language as gl
+
+    ptrs = {"kv_ptr": "i32", "slot_table_ptr": "i32", "query_start_loc_ptr": "i32", "seq_lens_ptr": "i32",
+            "acc_ws_ptr": "fp32", "m_ws_ptr": "fp32", "l_ws_ptr": "fp32", "signs_ptr": "fp32",
+            "q_ptr": "bf16", "out_ptr": "bf16"}
+    out = []
+    for head_size, group in ((D, HQ // HKV), (64, 3)):
+        for split in (False, True):
+            layouts = gd.layouts(gd.NUM_WARPS, head_size)
+            const = dict(HEAD_SIZE=head_size, GROUP=group, SPLIT=split, DOT_DTYPE=gl.bfloat16,
+                         WIDE_OFFSETS=False,
+                         **layouts)
+            name = f"gluon decode int4{' d64' if head_size == 64 else ''}{' split' if split else ''}"
+            out.append((name, ptrs, const, gd.NUM_WARPS))
+    return out
+
+
+def build_gluon(ptrs: dict, const: dict, num_warps: int):
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = gd._int4_decode_kernel
+    signature, aligned = {}, []
+    for i, arg in enumerate(fn.arg_names):
+        if arg in const:
+            signature[arg] = "constexpr"
+        elif arg.endswith("_ptr"):
+            signature[arg] = "*" + ptrs[arg]
+            aligned.append(i)
+        elif arg == "qk_scale":
+            signature[arg] = "fp32"
+        else:
+            signature[arg] = "i32"
+            if arg.startswith("stride") and arg not in ("stride_ml_t", "stride_ml_h"):
+                aligned.append(i)  # 8 KV heads of 34-word records: 272 words a slot
+    src = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                         attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps})
 
 
 def _launches(name: str, ptrs: dict, const: dict, tiles: TileConfig) -> list:
@@ -213,6 +259,11 @@ def main() -> int:
         return 2
     chosen = fp8_decode_tile_variants() if args.fp8_decode_tiles else variants()
     rows = {}
+    if not args.fp8_decode_tiles:
+        for name, ptrs, const, warps in gluon_variants():
+            kernel = build_gluon(ptrs, const, warps)
+            # The loop's barriers are the kernel's reason to be: always reported.
+            rows[name] = resources(kernel) | {"warps": warps, "loop": loop_ops(kernel)}
     for name, ptrs, const, tiles in chosen:
         kernel = build(ptrs, const, tiles)
         rows[name] = resources(kernel) | {"warps": tiles.num_warps}

@@ -271,3 +271,83 @@ def test_triton_int4_ptx_unpacking_equals_tritons_own(dtype, requests, max_query
     monkeypatch.setattr(ta, "int4_ptx", lambda codes: False)
     torch.testing.assert_close(ptx, attend(), rtol=0, atol=0, equal_nan=True)  # NaN: rows no query writes
     assert_rows(ptx, oracle(pb), pb.batch.num_queries, atol=2e-2, rtol=2e-2)
+
+
+# -- the Gluon int4 decode kernel (GPU only: Gluon has no interpreter) ----------------------------
+
+GLUON_HEADS = {"gqa4-d128": ((32, 8), 128), "mha-d128": ((8, 8), 128), "gqa3-d64": ((24, 8), 64),
+               "gqa8-d64": ((16, 2), 64)}
+
+
+def _gluon_serving(monkeypatch) -> list:
+    """Route int4 decodes to the Gluon kernel and count the launches it builds."""
+    from proxima.engine.attention import gluon_int4_decode, launch_args
+
+    monkeypatch.setattr(launch_args, "INT4_DECODE", "gluon")
+    calls = []
+    build = gluon_int4_decode.decode_launch
+
+    def counted(*args, **kwargs):
+        calls.append(args[-2] is not None)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(gluon_int4_decode, "decode_launch", counted)
+    return calls
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="Gluon kernels run compiled, on the GPU only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("heads, head_size", GLUON_HEADS.values(), ids=GLUON_HEADS.keys())
+@pytest.mark.parametrize("requests", [DECODES + LONG_DECODES, MIXED + LONG_DECODES],
+                         ids=["decodes", "mixed"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_gluon_int4_decode_matches_float64(dtype, heads, head_size, requests, num_splits, monkeypatch):
+    """The decode kernel (requests of at most 8 rows) beside the unified kernel's long launch (the
+    rest: a mixed batch's prefills, and a 2-query request under GQA 8), unsplit and split, against
+    the float64 oracle; and the kernel was the one that ran."""
+    ta = triton_attention_or_skip()
+    from proxima.engine.attention import planning
+
+    calls = _gluon_serving(monkeypatch)
+    choose = planning.choose_launch_shape
+    monkeypatch.setattr(ta, "choose_launch_shape", lambda *a, **k: (choose(*a, **k)[0], num_splits))
+    pb = pth_batch(requests, heads, head_size, "int4_per_token_head", seed=head_size + num_splits,
+                   dtype=dtype)
+    out = ta.slot_attention_triton(*pb.args(), kv_scales=pb.cache)
+    assert calls, "the Gluon kernel was not launched"
+    assert_rows(out, oracle(pb), pb.batch.num_queries, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="Gluon kernels run compiled, on the GPU only")
+def test_gluon_int4_decode_replays_alone_from_a_uniform_decode_graph(monkeypatch):
+    """Captured as vLLM captures its uniform-decode graphs (``graph_max_query_len`` 1), the plan is
+    the decode kernel alone (and the merge): replayed with new queries and other contexts, it
+    matches the oracle."""
+    ta = triton_attention_or_skip()
+    from proxima.engine.attention import gluon_int4_decode
+
+    _gluon_serving(monkeypatch)
+    pb = pth_batch([(1, 700), (1, 1), (1, 129), (1, 64)], (32, 8), 128, "int4_per_token_head", seed=5,
+                   dtype=torch.bfloat16)
+    b, out = pb.batch, torch.full_like(pb.batch.output, float("nan"))
+    plans = []
+    plan = ta._launch_plan
+    monkeypatch.setattr(ta, "_launch_plan", lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1])
+
+    def call():
+        ta.slot_attention_triton(*pb.args(out), kv_scales=pb.cache, graph_max_query_len=1)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    captured = [launch for launch, *_ in plans[-1]]
+    assert captured[0] is gluon_int4_decode._launch
+    assert ta._launch_attention not in captured, "a unified-kernel launch in a uniform-decode graph"
+    b.query.copy_(torch.randn(b.query.shape, generator=torch.Generator().manual_seed(7)).to(b.query))
+    b.seq_lens.copy_(torch.tensor([300, 1, 64, 129], dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_rows(out, oracle(pb), b.num_queries, atol=2e-2, rtol=2e-2)

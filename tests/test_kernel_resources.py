@@ -35,6 +35,12 @@ CEILINGS = {
     "mixed int8": (255, 16), "mixed int8 split": (244, 0),
     "decode int4": (255, 24), "decode int4 split": (255, 0),
     "mixed int4": (255, 24), "mixed int4 split": (255, 0),
+    # The served int4 plan on the GPU: the unified kernel takes the longer queries (its decodes go
+    # to the Gluon kernel below), the Gluon kernel the decodes. Its split variant spills 88 B
+    # outside the tile loop (the partials' stores), none inside.
+    "mixed long int4": (255, 16), "mixed long int4 split": (244, 0),
+    "gluon decode int4": (182, 0), "gluon decode int4 split": (255, 88),
+    "gluon decode int4 d64": (128, 0), "gluon decode int4 d64 split": (146, 0),
     # A float32 model at head 256: correct first (its 128-token tiles needed 288 KiB of shared
     # memory and failed to launch on the H200); the spills are that rare shape's cost.
     "decode int4 fp32 d256": (255, 2416), "mixed int4 fp32 d256": (255, 2416),
@@ -61,6 +67,15 @@ def test_variant_stays_within_its_registers_and_stack(measured, name: str) -> No
     registers, stack = CEILINGS[name]
     assert measured[name]["registers"] <= registers, measured[name]
     assert measured[name]["stack_bytes"] <= stack, measured[name]
+
+
+@pytest.mark.parametrize("name", [n for n in CEILINGS if n.startswith("gluon")])
+def test_the_gluon_decode_loop_has_no_barrier_and_no_shared_memory(measured, name: str) -> None:
+    """Why the kernel exists (gluon_int4_decode's docstring): its warps never wait for each other
+    inside the KV tile loop, and its dots read every operand from registers (mma.sync)."""
+    loop = measured[name]["loop"]
+    assert loop["BAR"] == loop["STS"] == loop["LDS"] == loop["LDSM"] == 0, loop
+    assert loop["HMMA"] > 0 and loop["HGMMA"] == 0, loop
 
 
 @pytest.mark.parametrize("name", list(CEILINGS))

@@ -52,6 +52,10 @@ INT4_ROTATION = "butterfly"
 # On the H100 (scripts/gpu/run.sh sweep-pth, graph-replayed mixed plan): 0.82-0.89x the time without
 # at every decode point from 8 x 8,192 up.
 INT4_PREFETCH = True
+# Which kernel attends an int4 launch's decodes (requests of at most 8 rows: queries x GQA group):
+# "gluon" (gluon_int4_decode, where it serves the shapes) or "triton" (the unified kernel's short
+# tiles). The benchmarks' switch for timing one against the other.
+INT4_DECODE = "triton"
 
 
 def code_args(

@@ -60,11 +60,13 @@ with unit stride along D.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from proxima.engine.attention import launch_args
+from proxima.engine.attention import gluon_int4_decode, launch_args
 from proxima.engine.attention.checks import check_attention_args, check_unit_stride
 from proxima.engine.attention.kernel_launch import CompiledLaunch, tensor_key
 from proxima.engine.attention.launch_args import (
@@ -76,7 +78,13 @@ from proxima.engine.attention.launch_args import (
     scale_args,
     split_workspace,
 )
-from proxima.engine.attention.planning import TileConfig, choose_launch_shape, grid_tiles, head_size_pad
+from proxima.engine.attention.planning import (
+    TileConfig,
+    capturing,
+    choose_launch_shape,
+    grid_tiles,
+    head_size_pad,
+)
 from proxima.engine.attention.quant import KVScales
 from proxima.engine.attention.triton_dense_kv import dense_kv_ok, kv_descriptors
 from proxima.engine.attention.triton_merge_splits import UNSPECIALIZED, merge_launch
@@ -221,9 +229,14 @@ def slot_attention_triton(
     tiles, num_splits = choose_launch_shape(query, k_cache, slot_table, query_start_loc, max_query_len,
                                             max_seq_len, graph_max_query_len=graph_max_query_len)
     row_limit = num_tokens if num_actual_tokens is None else num_actual_tokens
+    # A uniform-decode graph replays only batches whose requests fit the int4 decode kernel: its
+    # launch alone serves them (a hint could be stale; this bound is the graph's).
+    group = query.shape[1] // k_cache.shape[1]
+    decodes_only = (capturing(slot_table) and graph_max_query_len is not None
+                    and graph_max_query_len * group <= gluon_int4_decode.ROWS_OUT)
     for launch, grid, args, key, options in _launch_plan(
         query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, scale, output, row_limit, tiles,
-        num_splits, kv_scales,
+        num_splits, kv_scales, decodes_only,
     ):
         launch(grid, args, key, **options)
     return output
@@ -232,12 +245,17 @@ def slot_attention_triton(
 def _launch_plan(
     query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
     seq_lens: Tensor, scale: float, output: Tensor, row_limit: int, tiles: TileConfig, num_splits: int,
-    kv_scales: KVScales | None = None,
+    kv_scales: KVScales | None = None, decodes_only: bool = False,
 ) -> list[tuple[CompiledLaunch, tuple[int, int, int], tuple, tuple, dict]]:
     """The kernel launches of one attention call: (launcher, grid, args, cache key, options) each.
 
     One place builds them for both the launch and `warmup.compile_attention_variants`, so a warmed-up
     variant is exactly the one a later call looks up.
+
+    An int4 cache's mixed plan, where ``gluon_int4_decode`` serves the shapes: that kernel attends
+    the requests of at most ``ROWS_OUT`` rows (decodes), the unified kernel the others (its long
+    launch, whose short-request threshold becomes those rows); ``decodes_only`` (every request is
+    such a one, a bound the caller guarantees): the decode kernel alone.
     """
     num_tokens, num_query_heads, head_size = query.shape
     num_kv_heads = k_cache.shape[1]
@@ -255,6 +273,9 @@ def _launch_plan(
         ws_strides = (*acc_ws.stride()[:3], *m_ws.stride()[:2])
     k_scale, v_scale, quant = scale_args(kv_scales, k_cache)
     codes, scale_strides, (rht, signs) = code_args(kv_scales, query)
+    int4_decode = codes == 2 and tiles.short_block_m > 0 and gluon_int4_decode.serves(query, group)
+    if int4_decode:  # the unified kernel leaves requests of up to ROWS_OUT rows to the decode kernel
+        tiles = replace(tiles, short_block_m=gluon_int4_decode.ROWS_OUT, short_launch=None)
     if codes == 2:  # int4 read as words: the kernel takes int32 views of the same codes
         k_cache, v_cache = kv_scales.k_words, kv_scales.v_words
     dense_kv = tiles.dense_kv and not codes and dense_kv_ok(query, k_cache, v_cache, head_size)
@@ -292,7 +313,13 @@ def _launch_plan(
         return (_launch_attention, grid, args, key,
                 {"num_warps": shape.num_warps, "num_stages": shape.num_stages})
 
-    if tiles.short_launch is None:
+    if int4_decode:
+        plan = [gluon_int4_decode.decode_launch(
+            query, kv_scales, slot_table, query_start_loc, seq_lens, scale * head_size, output, row_limit,
+            num_splits, signs, (acc_ws, m_ws, l_ws), ws_strides)]
+        if not decodes_only:
+            plan.append(launch((num_tiles, num_kv_heads, num_splits), 2, tiles))
+    elif tiles.short_launch is None:
         plan = [launch((num_tiles, num_kv_heads, num_splits), 0, tiles)]
     else:  # both write the same workspace (each request's rows belong to one), merged once below
         plan = [launch((num_requests, num_kv_heads, num_splits), 1, tiles.short_launch),

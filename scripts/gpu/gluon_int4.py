@@ -1,0 +1,113 @@
+"""The Gluon int4 decode kernel (proxima/engine/attention/gluon_int4_decode.py) on the GPU: its output
+against the torch path over the dequantised slots (GQA/MHA, heads 64/128, decodes and longer queries in
+one call, split and not), then decode under CUDA-graph replay against FA3 bf16 and the Triton int4
+kernel (``launch_args.INT4_DECODE`` "triton").
+
+usage: python scripts/gpu/gluon_int4.py [--json OUT]   (needs CUDA and vLLM 0.26)
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from kit.cli import parse_json_out
+
+
+def _case(hq: int, hkv: int, d: int, reqs: list[tuple[int, int]], gen: torch.Generator):
+    from proxima.engine.attention import per_token_head as pth
+
+    fmt = pth.PTH_FORMATS["int4_per_token_head"]
+    num_slots = sum(s for _, s in reqs) + 37
+    raw = torch.zeros(num_slots, 1, hkv, fmt.record_bytes(d), dtype=torch.uint8, device="cuda")
+    cache = pth.cache_views(raw, fmt, hkv, d)
+    k = torch.randn(num_slots, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(num_slots, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    pth.write(k, v, cache, torch.arange(num_slots, device="cuda"))
+    perm = torch.randperm(num_slots, device="cuda", generator=gen).to(torch.int32)
+    table = torch.full((len(reqs), max(s for _, s in reqs) + 5), 10**6, dtype=torch.int32, device="cuda")
+    at = 0
+    for r, (_, s) in enumerate(reqs):
+        table[r, :s] = perm[at:at + s]
+        at += s
+    cu = torch.tensor([0, *torch.tensor([q for q, _ in reqs]).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    seq_lens = torch.tensor([s for _, s in reqs], dtype=torch.int32, device="cuda")
+    q = torch.randn(int(cu[-1]), hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return q, cache, table, cu, seq_lens
+
+
+def correctness() -> list[dict]:
+    from proxima.engine.attention import launch_args
+    from proxima.engine.attention.reference import slot_attention_torch
+    from proxima.engine.attention.triton_attention import slot_attention_triton
+
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for hq, hkv, d in ((32, 8, 128), (8, 8, 128), (16, 8, 64), (24, 8, 64), (32, 4, 128), (32, 2, 128)):
+        for reqs in ([(1, 1), (1, 17), (1, 300), (1, 1000)], [(2, 50), (4, 129), (1, 64), (3, 3), (40, 90)]):
+            q, cache, table, cu, seq_lens = _case(hq, hkv, d, reqs, gen)
+            scale = d ** -0.5
+            expected = torch.empty(q.shape, dtype=torch.float32, device="cuda")
+            slot_attention_torch(q.float(), cache.k_codes, cache.v_codes, table, cu, seq_lens, scale,
+                                 expected, kv_scales=cache)
+            row = {"hq": hq, "hkv": hkv, "d": d, "reqs": reqs}
+            for kernel in ("gluon", "triton"):
+                launch_args.INT4_DECODE = kernel
+                for hint in (None, 40):  # no hint (splits from the table width) and an exact one
+                    out = torch.full_like(q, float("nan"))
+                    try:
+                        slot_attention_triton(q, cache.k_codes, cache.v_codes, table, cu, seq_lens, scale,
+                                              out, kv_scales=cache, max_seq_len=hint)
+                        torch.cuda.synchronize()
+                        row[f"{kernel}_{hint}"] = float((out.float() - expected).abs().max())
+                    except Exception as e:  # reported, not fatal
+                        row[f"{kernel}_{hint}"] = f"{type(e).__name__}: {e}"[:300]
+            launch_args.INT4_DECODE = "gluon"
+            print(row, flush=True)
+            rows.append(row)
+    return rows
+
+
+def timing() -> list[dict]:
+    from kit import pth as kp
+    from kit.calls import fa3_decode
+    from kit.cases import PTH_DECODE, decode_batch
+    from kit.timers import graph_us
+
+    from proxima.engine.attention import launch_args
+
+    rows = []
+    print(f"device {torch.cuda.get_device_name()}; graph replay, median us")
+    print(f"{'batch':>5} {'ctx':>6} {'fa3':>8} {'triton4':>8} {'gluon4':>8} gl/fa3 tr/fa3 gl/tr  max|gl-tr|")
+    for batch, ctx in PTH_DECODE:
+        b = decode_batch(batch, ctx)
+        cache = kp.slot_cache(b, "int4_per_token_head")
+        fa3 = graph_us(fa3_decode(b, b.q, b.k16, b.v16, torch.empty_like(b.q)))
+        outs, us = {}, {}
+        for kernel in ("triton", "gluon"):
+            launch_args.INT4_DECODE = kernel
+            outs[kernel] = torch.empty_like(b.q)
+            us[kernel] = graph_us(kp.proxima_call(b, cache, outs[kernel]))
+        launch_args.INT4_DECODE = "gluon"
+        err = float((outs["gluon"].float() - outs["triton"].float()).abs().max())
+        rows.append({"batch": batch, "ctx": ctx, "fa3_us": fa3, "triton_us": us["triton"],
+                     "gluon_us": us["gluon"], "max_abs_diff": err})
+        print(f"{batch:>5} {ctx:>6} {fa3:8.1f} {us['triton']:8.1f} {us['gluon']:8.1f} "
+              f"{us['gluon'] / fa3:6.2f} {us['triton'] / fa3:6.2f} {us['gluon'] / us['triton']:5.2f}"
+              f"  {err:.4f}", flush=True)
+        del b, cache
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    args = parse_json_out(__doc__)
+    result = {"correctness": correctness(), "timing": timing()}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
