@@ -119,7 +119,7 @@ def gluon_variants() -> list[tuple[str, dict, dict, int]]:
         for split in (False, True):
             layouts = gd.layouts(gd.NUM_WARPS, head_size)
             const = dict(HEAD_SIZE=head_size, GROUP=group, SPLIT=split, DOT_DTYPE=gl.bfloat16,
-                         WIDE_OFFSETS=False,
+                         WIDE_OFFSETS=False, PREFETCH=gd.PREFETCH,
                          **layouts)
             name = f"gluon decode int4{' d64' if head_size == 64 else ''}{' split' if split else ''}"
             out.append((name, ptrs, const, gd.NUM_WARPS))

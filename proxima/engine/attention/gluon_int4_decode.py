@@ -247,17 +247,19 @@ def _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D: gl.constexpr, K_WO
     K_SCALE: gl.constexpr = D // 8
     V_CODES: gl.constexpr = D // 8 + 1
     V_SCALE: gl.constexpr = D // 4 + 1
+    # A pointer a token first, then constant offsets: one address computation a token, and the
+    # words' offsets fold into the loads' immediates.
     kw = gl.arange(0, D // 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, K_WORDS)))
-    k_off = gl.expand_dims(sk * stride_slot, 1) + gl.expand_dims(gl.expand_dims(kw, 0), 2)
-    k_words = gl.load(head_ptr + k_off, mask=gl.expand_dims(ok_k, 1), other=0)
-    sv = gl.convert_layout(ss, gl.SliceLayout(2, V_WORDS), assert_trivial=True)
+    k_ptrs = gl.expand_dims(head_ptr + sk * stride_slot, 1) + gl.expand_dims(gl.expand_dims(kw, 0), 2)
+    k_words = gl.load(k_ptrs, mask=gl.expand_dims(ok_k, 1), other=0)
+    token_ptr = head_ptr + ss * stride_slot
+    v_token_ptr = gl.convert_layout(token_ptr, gl.SliceLayout(2, V_WORDS), assert_trivial=True)
     ok_v = gl.convert_layout(ok_s, gl.SliceLayout(2, V_WORDS), assert_trivial=True)
     vw = gl.arange(0, D // 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, V_WORDS)))
-    v_off = gl.expand_dims(sv * stride_slot, 2) + gl.expand_dims(gl.expand_dims(vw, 0), 1)
-    v_words = gl.load(head_ptr + V_CODES + v_off, mask=gl.expand_dims(ok_v, 2), other=0)
-    s_off = ss * stride_slot
-    k_bits = gl.load(head_ptr + K_SCALE + s_off, mask=ok_s, other=0)
-    v_bits = gl.load(head_ptr + V_SCALE + s_off, mask=ok_s, other=0)
+    v_ptrs = gl.expand_dims(v_token_ptr + V_CODES, 2) + gl.expand_dims(gl.expand_dims(vw, 0), 1)
+    v_words = gl.load(v_ptrs, mask=gl.expand_dims(ok_v, 2), other=0)
+    k_bits = gl.load(token_ptr + K_SCALE, mask=ok_s, other=0)
+    v_bits = gl.load(token_ptr + V_SCALE, mask=ok_s, other=0)
     return k_words, v_words, k_bits, v_bits
 
 
@@ -269,9 +271,9 @@ def _int4_decode_kernel(
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_slot, stride_table_r,
     stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
     HEAD_SIZE: gl.constexpr, GROUP: gl.constexpr, SPLIT: gl.constexpr, DOT_DTYPE: gl.constexpr,
-    WIDE_OFFSETS: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
-    K_WORDS: gl.constexpr,
-    V_WORDS: gl.constexpr, ROW_MAJOR: gl.constexpr, ROWS_2D: gl.constexpr,
+    WIDE_OFFSETS: gl.constexpr, PREFETCH: gl.constexpr,
+    MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr, K_WORDS: gl.constexpr, V_WORDS: gl.constexpr,
+    ROW_MAJOR: gl.constexpr, ROWS_2D: gl.constexpr,
 ):
     """One (request, KV head, split): ``_slot_attention_kernel``'s ROLE 1 for int4 caches.
 
@@ -348,25 +350,45 @@ def _int4_decode_kernel(
     p_sums = gl.zeros([W, R, TN], gl.float32, MMA)
     z_sums = gl.zeros([W, R, TN], gl.float32, MMA)
 
-    # A software pipeline in registers: each tile issues the next tile's code loads and the slots
-    # of the one after before its own arithmetic.
+    # A software pipeline in registers: each tile issues the code loads of the tile PREFETCH ahead
+    # and the slots of the one after that before its own arithmetic.
     # V's words and both scales are read at the same tokens a thread (2t, 2t + 1, 2t + 8, 2t + 9):
     # one slot load serves them (L_VS and L_TOK are one layout).
-    sk, ok_k = _tile_slots(tile_start, tile_end, slot_row_ptr, seq_len, W, TN, L_KS, WIDE_OFFSETS)
-    ss, ok_s = _tile_slots(tile_start, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK, WIDE_OFFSETS)
-    k_words, v_words, k_bits, v_bits = _tile_codes(
-        sk, ok_k, ss, ok_s, head_ptr, stride_slot, D, K_WORDS, V_WORDS)
-    sk, ok_k = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_KS, WIDE_OFFSETS)
-    ss, ok_s = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK, WIDE_OFFSETS)
+    sk, ok_k = _tile_slots(tile_start, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
+                           WIDE_OFFSETS)
+    ss, ok_s = _tile_slots(tile_start, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
+                           WIDE_OFFSETS)
+    k_words, v_words, k_bits, v_bits = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D, K_WORDS,
+                                                   V_WORDS)
+    if PREFETCH == 2:
+        sk, ok_k = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
+                           WIDE_OFFSETS)
+        ss, ok_s = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
+                           WIDE_OFFSETS)
+        k_next, v_next, kb_next, vb_next = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D, K_WORDS,
+                                                       V_WORDS)
+    else:  # placeholders, never read
+        k_next, v_next, kb_next, vb_next = k_words, v_words, k_bits, v_bits
+    sk, ok_k = _tile_slots(tile_start + PREFETCH, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
+                           WIDE_OFFSETS)
+    ss, ok_s = _tile_slots(tile_start + PREFETCH, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
+                           WIDE_OFFSETS)
     for tile in range(tile_start, tile_end):
         k_cur = k_words
         v_cur = v_words
         kb_cur = k_bits
         vb_cur = v_bits
-        k_words, v_words, k_bits, v_bits = _tile_codes(
-            sk, ok_k, ss, ok_s, head_ptr, stride_slot, D, K_WORDS, V_WORDS)
-        sk, ok_k = _tile_slots(tile + 2, tile_end, slot_row_ptr, seq_len, W, TN, L_KS, WIDE_OFFSETS)
-        ss, ok_s = _tile_slots(tile + 2, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK, WIDE_OFFSETS)
+        if PREFETCH == 2:
+            k_words, v_words, k_bits, v_bits = k_next, v_next, kb_next, vb_next
+            k_next, v_next, kb_next, vb_next = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D,
+                                                           K_WORDS, V_WORDS)
+        else:
+            k_words, v_words, k_bits, v_bits = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D,
+                                                           K_WORDS, V_WORDS)
+        sk, ok_k = _tile_slots(tile + PREFETCH + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
+                           WIDE_OFFSETS)
+        ss, ok_s = _tile_slots(tile + PREFETCH + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
+                           WIDE_OFFSETS)
 
         s = mma_v2(q_op, _k_operand(k_cur, DOT_DTYPE, BIAS, B_OP), gl.zeros([W, R, TN], gl.float32, MMA))
         k_zero = ((kb_cur & 0xF) + CODE_BIAS).to(gl.float32)
@@ -429,6 +451,8 @@ def _int4_decode_kernel(
 
 
 NUM_WARPS = 4
+# KV tiles a warp's loads run ahead of its arithmetic (1 or 2; registers hold them).
+PREFETCH = 1
 _launch = CompiledLaunch(_int4_decode_kernel)
 
 
@@ -470,8 +494,8 @@ def decode_launch(query: Tensor, cache, slot_table: Tensor, query_start_loc: Ten
     tensors = (query, k, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws, signs)
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1), k.stride(0),
                slot_table.stride(0), *ws_strides)
-    constexprs = (head_size, group, num_splits > 1, dot, wide)
+    constexprs = (head_size, group, num_splits > 1, dot, wide, PREFETCH)
     args = (*tensors, float(scale) / head_size * _LOG2_E, row_limit, num_splits, *strides, *constexprs,
             *_layouts(NUM_WARPS, head_size))
-    key = (query.device.index, tensor_key(tensors), strides[:-2], constexprs)
+    key = (query.device.index, tensor_key(tensors), strides[:-2], constexprs, NUM_WARPS)
     return _launch, (num_requests, num_kv_heads, num_splits), args, key, {"num_warps": NUM_WARPS}
