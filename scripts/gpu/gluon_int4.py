@@ -44,7 +44,7 @@ def correctness() -> list[dict]:
 
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for hq, hkv, d in ((32, 8, 128), (8, 8, 128), (16, 8, 64), (24, 8, 64), (32, 4, 128), (32, 2, 128)):
+    for hq, hkv, d in ((32, 8, 128), (8, 8, 128), (24, 8, 64)):
         for reqs in ([(1, 1), (1, 17), (1, 300), (1, 1000)], [(2, 50), (4, 129), (1, 64), (3, 3), (40, 90)]):
             q, cache, table, cu, seq_lens = _case(hq, hkv, d, reqs, gen)
             scale = d ** -0.5
@@ -54,7 +54,7 @@ def correctness() -> list[dict]:
             row = {"hq": hq, "hkv": hkv, "d": d, "reqs": reqs}
             for kernel in ("gluon", "triton"):
                 launch_args.INT4_DECODE = kernel
-                for hint in (None, 40):  # no hint (splits from the table width) and an exact one
+                for hint in (None,):  # no hint: splits from the table width (a few requests: split)
                     out = torch.full_like(q, float("nan"))
                     try:
                         slot_attention_triton(q, cache.k_codes, cache.v_codes, table, cu, seq_lens, scale,
@@ -70,7 +70,7 @@ def correctness() -> list[dict]:
 
 
 # (warps a program, KV tiles its loads run ahead): the served one first.
-VARIANTS = [(4, 1), (4, 2), (8, 1), (2, 1)]
+VARIANTS = [(4, 1), (4, 2), (8, 1)]
 
 
 def timing() -> list[dict]:
