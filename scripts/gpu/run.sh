@@ -2,7 +2,7 @@
 # On the GPU machine (after .gpu-bundle/device.sh install): kernel tests, decode microbenchmark,
 # end-to-end A/B. Logs and JSON go to $OUT.
 # usage: bash scripts/gpu/run.sh {kernels|mixed|guard|sweep|sweep-fp8|sweep-prefill|prefill-stages|prefix|e2e|fp8|
-#                                 e2e-fp8|pth|sweep-pth|sweep-pth-tiles|e2e-pth}
+#                                 e2e-fp8|pth|sweep-pth|sweep-pth-tiles|gluon-int4|e2e-pth}
 #        [e2e options: --only NAME,... --profile]
 set -uo pipefail
 source /tmp/gpu-env
@@ -43,6 +43,11 @@ pth)  # per-token-head KV kernel tests, then decode under graph replay: Proxima 
   ;;
 sweep-pth) bench sweep_pth_decode sweep-pth ;;  # launch plans of graph-replayed decode, bf16 and int4
 sweep-pth-tiles) bench sweep_pth_tiles sweep-pth-tiles ;;  # int4 decode tile shapes, graph-replayed
+gluon-int4)  # the Gluon int4 decode kernel: its output, then its decode grid against FA3 bf16 and Triton's
+  bench gluon_int4 gluon-int4
+  python3 -m pytest -q -p no:cacheprovider tests/test_attention_per_token_head.py -k gluon 2>&1 | tail -5 \
+    | tee "$out/gluon-int4-tests.txt"
+  ;;
 e2e-pth)  # the 1 GiB budget with int4 KV: Proxima vs stock int4 vs stock defaults (pass --shared-prefix 300 etc.)
   shift
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null

@@ -7,6 +7,7 @@ is valid inside a CUDA-graph capture.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 
 import torch
@@ -54,8 +55,12 @@ INT4_ROTATION = "butterfly"
 INT4_PREFETCH = True
 # Which kernel attends an int4 launch's decodes (requests of at most 8 rows: queries x GQA group):
 # "gluon" (gluon_int4_decode, where it serves the shapes) or "triton" (the unified kernel's short
-# tiles). The benchmarks' switch for timing one against the other.
-INT4_DECODE = "triton"
+# tiles). "triton" until the Gluon kernel has been run on a GPU (docs/benchmarks.md, issue 25);
+# PROXIMA_INT4_DECODE sets it for a whole server (scripts/gpu/e2e.py's engines), the benchmarks
+# set it per call.
+INT4_DECODE = os.environ.get("PROXIMA_INT4_DECODE", "triton")
+if INT4_DECODE not in ("gluon", "triton"):
+    raise ValueError(f"PROXIMA_INT4_DECODE={INT4_DECODE!r}: use 'gluon' or 'triton' (or leave it unset)")
 
 
 def code_args(
