@@ -3,15 +3,17 @@ against the torch path over the dequantised slots (GQA/MHA, heads 64/128, decode
 one call, split and not), then decode under CUDA-graph replay against FA3 bf16 and the Triton int4
 kernel (``launch_args.INT4_DECODE`` "triton").
 
-usage: python scripts/gpu/gluon_int4.py [--json OUT]   (needs CUDA and vLLM 0.26)
+usage: python scripts/gpu/gluon_int4.py [--json OUT] [--quick]   (needs CUDA and vLLM 0.26)
+       --quick: GQA 4 at head 128 only, the issue's points (64-256 requests, 1k-8k tokens) and
+       the served variant against one more
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
-from kit.cli import parse_json_out
 
 
 def _case(hq: int, hkv: int, d: int, reqs: list[tuple[int, int]], gen: torch.Generator):
@@ -37,14 +39,14 @@ def _case(hq: int, hkv: int, d: int, reqs: list[tuple[int, int]], gen: torch.Gen
     return q, cache, table, cu, seq_lens
 
 
-def correctness() -> list[dict]:
+def correctness(quick: bool) -> list[dict]:
     from proxima.engine.attention import launch_args
     from proxima.engine.attention.reference import slot_attention_torch
     from proxima.engine.attention.triton_attention import slot_attention_triton
 
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for hq, hkv, d in ((32, 8, 128), (8, 8, 128), (24, 8, 64)):
+    for hq, hkv, d in ((32, 8, 128),) if quick else ((32, 8, 128), (8, 8, 128), (24, 8, 64)):
         for reqs in ([(1, 1), (1, 17), (1, 300), (1, 1000)], [(2, 50), (4, 129), (1, 64), (3, 3), (40, 90)]):
             q, cache, table, cu, seq_lens = _case(hq, hkv, d, reqs, gen)
             scale = d ** -0.5
@@ -73,7 +75,7 @@ def correctness() -> list[dict]:
 VARIANTS = [(4, 1), (4, 2), (8, 1)]
 
 
-def timing() -> list[dict]:
+def timing(quick: bool) -> list[dict]:
     from kit import pth as kp
     from kit.calls import fa3_decode
     from kit.cases import PTH_DECODE, decode_batch
@@ -85,10 +87,12 @@ def timing() -> list[dict]:
     served = (gd.NUM_WARPS, gd.PREFETCH)
     rows = []
     print(f"device {torch.cuda.get_device_name()}; graph replay, median us; gluon variants (warps, prefetch)")
-    names = ["triton"] + [f"gluon w{w} pf{p}" for w, p in VARIANTS]
+    variants = VARIANTS[:2] if quick else VARIANTS
+    names = ["triton"] + [f"gluon w{w} pf{p}" for w, p in variants]
     print(f"{'batch':>5} {'ctx':>6} {'fa3':>8} " + " ".join(f"{n:>13}" for n in names)
           + "  best/fa3 served/fa3 served/triton max|served-triton|")
-    for batch, ctx in PTH_DECODE:
+    points = [(b, c) for b, c in PTH_DECODE if b >= 64 and 1024 <= c <= 8192] if quick else PTH_DECODE
+    for batch, ctx in points:
         b = decode_batch(batch, ctx)
         cache = kp.slot_cache(b, "int4_per_token_head")
         fa3 = graph_us(fa3_decode(b, b.q, b.k16, b.v16, torch.empty_like(b.q)))
@@ -96,7 +100,7 @@ def timing() -> list[dict]:
         for name in names:
             launch_args.INT4_DECODE = "triton" if name == "triton" else "gluon"
             if name != "triton":
-                gd.NUM_WARPS, gd.PREFETCH = VARIANTS[names.index(name) - 1]
+                gd.NUM_WARPS, gd.PREFETCH = variants[names.index(name) - 1]
             outs[name] = torch.empty_like(b.q)
             try:
                 us[name] = graph_us(kp.proxima_call(b, cache, outs[name]))
@@ -118,8 +122,11 @@ def timing() -> list[dict]:
 
 
 def main() -> None:
-    args = parse_json_out(__doc__)
-    result = {"correctness": correctness(), "timing": timing()}
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", default=None, help="write every result here")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    result = {"correctness": correctness(args.quick), "timing": timing(args.quick)}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
