@@ -26,6 +26,7 @@ skips Proxima's untimed second pass that counts contiguous KV tiles.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -115,8 +116,12 @@ def engine_spec(model: str, name: str) -> EngineSpec:
                        kv_cache_dtype=kv_cache_dtype(name),
                        block_size=None if proxima is True else 16, **graphs)
     variant = "token" if proxima is True else proxima or "stock"
-    # One client measuring the allocator: token-exact hit figures.
-    return EngineSpec(model, variant, flags, env={"PROXIMA_KV_FIGURES": "exact"})
+    # One client measuring the allocator: token-exact hit figures. The harness sets the caller's
+    # PROXIMA_* aside while an engine is built: the int4 decode kernel's switch is passed on.
+    env = {"PROXIMA_KV_FIGURES": "exact"}
+    if os.environ.get("PROXIMA_INT4_DECODE"):
+        env["PROXIMA_INT4_DECODE"] = os.environ["PROXIMA_INT4_DECODE"]
+    return EngineSpec(model, variant, flags, env=env)
 
 
 def prompts(n: int, seed: int, lo: int, hi: int) -> list[str]:
