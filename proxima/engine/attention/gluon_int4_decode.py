@@ -9,20 +9,23 @@ Gluon's explicit layouts put every operand where ``mma.sync`` (``mma_v2``) reads
 - each warp owns its own tokens (the tile is ``[W, ...]``, one slice a warp: a batched dot) and its
   own online softmax, so the loop has no barrier and no shared memory; the warps' partials are
   combined once, after the loop;
-- the codes are loaded straight into the registers that hold the dots' operands: in K's dot a
-  32-bit register pairs two head positions of one token, and the head dimension is put in an order
-  (``_k_order``, applied once to the rotated queries) where a thread's positions are one 16-byte
-  run of its token's record; in V's dot a register pairs two tokens at one position (``prmt``
-  picks the two bytes), and the output's positions come out in an order (``_v_order``) undone once
-  at the end;
+- the codes are loaded straight into the registers that hold the dots' operands: in the scores'
+  dot (S = Q K^T, 16 rows) a 32-bit register pairs two head positions of one token, and the head
+  dimension is put in an order (``_k_order``, applied once to the rotated queries) where a
+  thread's positions are one 16-byte run of its token's record; the output's dot is transposed
+  (acc^T += V^T P^T, ``ROWS_OUT`` = 8 rows on its narrow side): a register pairs two tokens at one
+  position (``prmt`` picks the two bytes), P^T of S's first 8 rows is already where that dot's
+  second operand is, and the output's positions come out in an order (``_from_v_order``) undone
+  once at the end;
 - a code c enters its dot as bf16 ``128 + c`` (or fp16 ``1024 + c``): OR-ed into the bias's
   mantissa, no conversion; the bias joins the zero point, as in ``triton_int4``.
 
 Same contract as ``_slot_attention_kernel`` with ``ROLE`` 1 (the short launch of a mixed plan,
-``TileConfig.short_launch``): one program a (request, KV head, split); requests whose queries do
-not fit one 16-row tile (``q_len * GROUP > 16``) are left to the other launch. Head size 64 or 128,
-bf16 or fp16 queries. Runs only compiled (Gluon has no interpreter): CI checks that it builds for
-sm_90 and what it issues (``scripts/kernel_resources.py``); the GPU tests check its output.
+``TileConfig.short_launch``): one program a (request, KV head, split); requests of more than
+``ROWS_OUT`` rows (``q_len * GROUP > 8``) are left to the unified kernel's long launch
+(``triton_attention._launch_plan``). Head size 64 or 128, bf16 or fp16 queries. Runs only compiled
+(Gluon has no interpreter): CI checks that it builds for sm_90 and what it issues
+(``scripts/kernel_resources.py``); the GPU tests check its output.
 """
 
 from __future__ import annotations
@@ -129,7 +132,7 @@ def _k_operand(words, DOT_DTYPE: gl.constexpr, BIAS: gl.constexpr, B_OP: gl.cons
 @gluon.jit
 def _v_operand(words, DOT_DTYPE: gl.constexpr, BIAS: gl.constexpr, A_OP: gl.constexpr):
     """V words [W, TN, D/8] (``V_WORDS``) -> the output dot's first operand V^T [W, D, TN], positions
-    in ``_v_order``: tokens 2i and 2i + 1 at one position are one register (a prmt and a lop3)."""
+    in the order ``_from_v_order`` undoes: tokens 2i and 2i + 1 at one position are one register (a prmt and a lop3)."""
     W: gl.constexpr = words.shape[0]
     TN: gl.constexpr = words.shape[1]
     NW: gl.constexpr = words.shape[2]
