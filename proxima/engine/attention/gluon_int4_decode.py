@@ -132,7 +132,8 @@ def _k_operand(words, DOT_DTYPE: gl.constexpr, BIAS: gl.constexpr, B_OP: gl.cons
 @gluon.jit
 def _v_operand(words, DOT_DTYPE: gl.constexpr, BIAS: gl.constexpr, A_OP: gl.constexpr):
     """V words [W, TN, D/8] (``V_WORDS``) -> the output dot's first operand V^T [W, D, TN], positions
-    in the order ``_from_v_order`` undoes: tokens 2i and 2i + 1 at one position are one register (a prmt and a lop3)."""
+    in the order ``_from_v_order`` undoes: tokens 2i and 2i + 1 at one position are one register (a
+    prmt and a lop3)."""
     W: gl.constexpr = words.shape[0]
     TN: gl.constexpr = words.shape[1]
     NW: gl.constexpr = words.shape[2]
