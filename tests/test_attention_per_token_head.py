@@ -273,17 +273,24 @@ def test_triton_int4_ptx_unpacking_equals_tritons_own(dtype, requests, max_query
     assert_rows(ptx, oracle(pb), pb.batch.num_queries, atol=2e-2, rtol=2e-2)
 
 
-# -- the Gluon int4 decode kernel (GPU only: Gluon has no interpreter) ----------------------------
+# -- the Gluon int4 decode kernel: compiled on the GPU, its source in torch on the CPU -------------
 
 GLUON_HEADS = {"gqa4-d128": ((32, 8), 128), "mha-d128": ((8, 8), 128), "gqa3-d64": ((24, 8), 64),
                "gqa8-d64": ((16, 2), 64)}
 
 
 def _gluon_serving(monkeypatch) -> list:
-    """Route int4 decodes to the Gluon kernel and count the launches it builds."""
+    """Route int4 decodes to the Gluon kernel and count the launches it builds; without a GPU the
+    kernel's source runs in torch (tests/gluon_emulator.py: Gluon has no interpreter)."""
     from proxima.engine.attention import gluon_int4_decode, launch_args
 
     monkeypatch.setattr(launch_args, "INT4_DECODE", "gluon")
+    if DEVICE != "cuda":
+        from tests.gluon_emulator import EmulatedLaunch
+
+        monkeypatch.setattr(gluon_int4_decode, "runs_on", lambda device: True)
+        kernel = gluon_int4_decode._int4_decode_kernel
+        monkeypatch.setattr(gluon_int4_decode, "_launch", EmulatedLaunch(kernel))
     calls = []
     build = gluon_int4_decode.decode_launch
 
@@ -305,6 +312,10 @@ def test_gluon_int4_decode_matches_float64(dtype, heads, head_size, requests, nu
     """The decode kernel (requests of at most 8 rows) beside the unified kernel's long launch (the
     rest: a mixed batch's prefills, and a 2-query request under GQA 8), unsplit and split, against
     the float64 oracle; and the kernel was the one that ran."""
+    _check_gluon_decode(dtype, heads, head_size, requests, num_splits, monkeypatch)
+
+
+def _check_gluon_decode(dtype, heads, head_size, requests, num_splits, monkeypatch) -> None:
     ta = triton_attention_or_skip()
     from proxima.engine.attention import planning
 
@@ -316,6 +327,34 @@ def test_gluon_int4_decode_matches_float64(dtype, heads, head_size, requests, nu
     out = ta.slot_attention_triton(*pb.args(), kv_scales=pb.cache)
     assert calls, "the Gluon kernel was not launched"
     assert_rows(out, oracle(pb), pb.batch.num_queries, atol=2e-2, rtol=2e-2)
+
+
+# On the CPU the emulation takes seconds a case: a few cases cover each head shape, both dtypes,
+# both kinds of batch, split and not, and the variants the GPU benchmark times.
+EMULATED_GLUON = [
+    ("gqa4-d128", torch.bfloat16, "decodes", 1, (4, 1)), ("gqa4-d128", torch.float16, "mixed", 3, (4, 1)),
+    ("mha-d128", torch.bfloat16, "mixed", 1, (4, 2)), ("gqa3-d64", torch.float16, "decodes", 3, (8, 1)),
+    ("gqa8-d64", torch.bfloat16, "mixed", 3, (4, 1)),
+]
+GLUON_BATCHES = {"decodes": DECODES + LONG_DECODES, "mixed": MIXED + LONG_DECODES}
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the GPU runs the compiled kernel (the test above)")
+@pytest.mark.parametrize("heads_id, dtype, batch, num_splits, variant", EMULATED_GLUON,
+                         ids=["-".join(map(str, (c[0], str(c[1])[6:], *c[2:4], *c[4])))
+                              for c in EMULATED_GLUON])
+def test_gluon_int4_decode_source_matches_float64_on_cpu(heads_id, dtype, batch, num_splits, variant,
+                                                          monkeypatch):
+    """The kernel's own source run in torch (its values do not depend on its layouts): the index
+    arithmetic, the nibble unpacking, the head dimension's orders and the online softmax against
+    the float64 oracle, at each (warps, prefetch) the GPU benchmark times; every read and write in
+    bounds."""
+    from proxima.engine.attention import gluon_int4_decode
+
+    monkeypatch.setattr(gluon_int4_decode, "NUM_WARPS", variant[0])
+    monkeypatch.setattr(gluon_int4_decode, "PREFETCH", variant[1])
+    heads, head_size = GLUON_HEADS[heads_id]
+    _check_gluon_decode(dtype, heads, head_size, GLUON_BATCHES[batch], num_splits, monkeypatch)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="Gluon kernels run compiled, on the GPU only")

@@ -297,9 +297,14 @@ def serves(query: Tensor, group: int) -> bool:
     """Whether this kernel can take a launch's short requests: bf16/fp16 queries, head 64 or 128,
     a GQA group of at most ``ROWS_OUT``, an sm_80+ GPU (``mma_v2``), and ``launch_args.INT4_DECODE``
     says so (the benchmarks' switch)."""
-    return (launch_args.INT4_DECODE == "gluon" and query.is_cuda
-            and query.dtype in (torch.bfloat16, torch.float16) and query.shape[-1] in (64, 128)
-            and group <= ROWS_OUT and torch.cuda.get_device_capability(query.device)[0] >= 8)
+    return (launch_args.INT4_DECODE == "gluon" and query.dtype in (torch.bfloat16, torch.float16)
+            and query.shape[-1] in (64, 128) and group <= ROWS_OUT and runs_on(query.device))
+
+
+def runs_on(device: torch.device) -> bool:
+    """An sm_80+ GPU: ``mma_v2``'s (the CPU tests replace this to run the kernel's source in torch:
+    tests/gluon_emulator.py)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
 
 
 @functools.cache
