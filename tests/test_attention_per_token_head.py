@@ -329,21 +329,25 @@ def _check_gluon_decode(dtype, heads, head_size, requests, num_splits, monkeypat
     assert_rows(out, oracle(pb), pb.batch.num_queries, atol=2e-2, rtol=2e-2)
 
 
-# On the CPU the emulation takes seconds a case: a few cases cover each head shape, both dtypes,
-# both kinds of batch, split and not, and the variants the GPU benchmark times.
+# On the CPU the emulation takes seconds a program: a few cases, 2 KV heads (fewer programs, the
+# same groups), cover each head shape, both dtypes, both kinds of batch, split and not, and the
+# (warps, prefetch) variants the GPU benchmark times.
 EMULATED_GLUON = [
-    ("gqa4-d128", torch.bfloat16, "decodes", 1, (4, 1)), ("gqa4-d128", torch.float16, "mixed", 3, (4, 1)),
-    ("mha-d128", torch.bfloat16, "mixed", 1, (4, 2)), ("gqa3-d64", torch.float16, "decodes", 3, (8, 1)),
-    ("gqa8-d64", torch.bfloat16, "mixed", 3, (4, 1)),
+    ("gqa4-d128", (8, 2), 128, torch.bfloat16, "decodes", 1, (4, 1)),
+    ("gqa4-d128", (8, 2), 128, torch.float16, "mixed", 3, (4, 1)),
+    ("mha-d128", (2, 2), 128, torch.bfloat16, "mixed", 1, (4, 2)),
+    ("gqa3-d64", (6, 2), 64, torch.float16, "decodes", 3, (8, 1)),
+    ("gqa8-d64", (16, 2), 64, torch.bfloat16, "mixed", 3, (4, 1)),
 ]
 GLUON_BATCHES = {"decodes": DECODES + LONG_DECODES, "mixed": MIXED + LONG_DECODES}
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the GPU runs the compiled kernel (the test above)")
-@pytest.mark.parametrize("heads_id, dtype, batch, num_splits, variant", EMULATED_GLUON,
-                         ids=["-".join(map(str, (c[0], str(c[1])[6:], *c[2:4], *c[4])))
+@pytest.mark.parametrize("heads, head_size, dtype, batch, num_splits, variant",
+                         [c[1:] for c in EMULATED_GLUON],
+                         ids=["-".join(map(str, (c[0], str(c[3])[6:], *c[4:6], *c[6])))
                               for c in EMULATED_GLUON])
-def test_gluon_int4_decode_source_matches_float64_on_cpu(heads_id, dtype, batch, num_splits, variant,
+def test_gluon_int4_decode_source_matches_float64_on_cpu(heads, head_size, dtype, batch, num_splits, variant,
                                                           monkeypatch):
     """The kernel's own source run in torch (its values do not depend on its layouts): the index
     arithmetic, the nibble unpacking, the head dimension's orders and the online softmax against
@@ -353,7 +357,6 @@ def test_gluon_int4_decode_source_matches_float64_on_cpu(heads_id, dtype, batch,
 
     monkeypatch.setattr(gluon_int4_decode, "NUM_WARPS", variant[0])
     monkeypatch.setattr(gluon_int4_decode, "PREFETCH", variant[1])
-    heads, head_size = GLUON_HEADS[heads_id]
     _check_gluon_decode(dtype, heads, head_size, GLUON_BATCHES[batch], num_splits, monkeypatch)
 
 
