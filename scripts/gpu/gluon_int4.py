@@ -1,7 +1,7 @@
 """The Gluon int4 decode kernel (proxima/engine/attention/gluon_int4_decode.py) on the GPU: its output
 against the torch path over the dequantised slots (GQA/MHA, heads 64/128, decodes and longer queries in
-one call, split and not), then decode under CUDA-graph replay against FA3 bf16 and the Triton int4
-kernel (``launch_args.INT4_DECODE`` "triton").
+one call, split and not), then decode under CUDA-graph replay against FA3 bf16, vLLM's own int4
+kernel (TRITON_ATTN) and Proxima's Triton int4 kernel (``launch_args.INT4_DECODE`` "triton").
 
 usage: python scripts/gpu/gluon_int4.py [--json OUT] [--quick]   (needs CUDA and vLLM 0.26)
        --quick: GQA 4 at head 128 only, the issue's points (64-256 requests, 1k-8k tokens) and
@@ -89,13 +89,20 @@ def timing(quick: bool) -> list[dict]:
     print(f"device {torch.cuda.get_device_name()}; graph replay, median us; gluon variants (warps, prefetch)")
     variants = VARIANTS[:2] if quick else VARIANTS
     names = ["triton"] + [f"gluon w{w} pf{p}" for w, p in variants]
-    print(f"{'batch':>5} {'ctx':>6} {'fa3':>8} " + " ".join(f"{n:>13}" for n in names)
-          + "  best/fa3 served/fa3 served/triton max|served-triton|")
+    print(f"{'batch':>5} {'ctx':>6} {'fa3':>8} {'stock int4':>10} " + " ".join(f"{n:>13}" for n in names)
+          + "  best/fa3 served/fa3 served/triton served/stock max|served-triton|")
     points = [(b, c) for b, c in PTH_DECODE if b >= 64 and 1024 <= c <= 8192] if quick else PTH_DECODE
     for batch, ctx in points:
         b = decode_batch(batch, ctx)
         cache = kp.slot_cache(b, "int4_per_token_head")
         fa3 = graph_us(fa3_decode(b, b.q, b.k16, b.v16, torch.empty_like(b.q)))
+        try:  # vLLM's TRITON_ATTN int4 kernel (its query and output rotations, outside it, not timed)
+            stock = graph_us(kp.stock_call(b, "int4_per_token_head", kp.stock_cache(b, "int4_per_token_head"),
+                                           torch.empty_like(b.q)))
+        except Exception as e:  # reported, not fatal
+            print(f"   stock int4: {type(e).__name__}: {e}"[:300], flush=True)
+            stock = float("nan")
+        torch.cuda.empty_cache()
         outs, us = {}, {}
         for name in names:
             launch_args.INT4_DECODE = "triton" if name == "triton" else "gluon"
@@ -112,10 +119,11 @@ def timing(quick: bool) -> list[dict]:
         gl_served = names[1]
         err = float((outs[gl_served].float() - outs["triton"].float()).abs().max())
         best = min(us[n] for n in names[1:])
-        rows.append({"batch": batch, "ctx": ctx, "fa3_us": fa3, "us": us, "max_abs_diff": err})
-        print(f"{batch:>5} {ctx:>6} {fa3:8.1f} " + " ".join(f"{us[n]:13.1f}" for n in names)
+        rows.append({"batch": batch, "ctx": ctx, "fa3_us": fa3, "stock_int4_us": stock, "us": us,
+                     "max_abs_diff": err})
+        print(f"{batch:>5} {ctx:>6} {fa3:8.1f} {stock:10.1f} " + " ".join(f"{us[n]:13.1f}" for n in names)
               + f"  {best / fa3:8.2f} {us[gl_served] / fa3:10.2f} {us[gl_served] / us['triton']:13.2f}"
-              f" {err:.4f}", flush=True)
+              f" {us[gl_served] / stock:12.2f} {err:.4f}", flush=True)
         del b, cache
         torch.cuda.empty_cache()
     return rows
