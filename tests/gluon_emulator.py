@@ -215,6 +215,7 @@ def _gl() -> types.SimpleNamespace:
         arange=lambda start, end, layout=None: Value(torch.arange(start, end, dtype=torch.int32)),
         zeros=lambda shape, dtype, layout=None: Value(torch.zeros(shape, dtype=_TORCH[dtype])),
         full=lambda shape, value, dtype, layout=None: Value(torch.full(shape, value, dtype=_TORCH[dtype])),
+        zeros_like=lambda x: Value(torch.zeros_like(_t(x))),
         expand_dims=_expand_dims, convert_layout=_convert_layout,
         reshape=lambda x, shape, **_: Value(_t(x).reshape(shape)),
         permute=lambda x, dims: Value(_t(x).permute(*dims)),

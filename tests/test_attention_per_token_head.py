@@ -388,7 +388,7 @@ def test_gluon_int4_decode_replays_alone_from_a_uniform_decode_graph(monkeypatch
     assert captured[0] is gluon_int4_decode._launch
     assert ta._launch_attention not in captured, "a unified-kernel launch in a uniform-decode graph"
     b.query.copy_(torch.randn(b.query.shape, generator=torch.Generator().manual_seed(7)).to(b.query))
-    b.seq_lens.copy_(torch.tensor([300, 1, 64, 129], dtype=torch.int32))
+    b.seq_lens.copy_(torch.tensor([300, 1, 100, 33], dtype=torch.int32))  # within each table row
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()

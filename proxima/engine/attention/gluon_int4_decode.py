@@ -110,7 +110,7 @@ def _int4_decode_kernel(
     HEAD_SIZE: gl.constexpr, GROUP: gl.constexpr, SPLIT: gl.constexpr, DOT_DTYPE: gl.constexpr,
     WIDE_OFFSETS: gl.constexpr, PREFETCH: gl.constexpr,
     MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr, K_WORDS: gl.constexpr, V_WORDS: gl.constexpr,
-    ROW_MAJOR: gl.constexpr, ROWS_2D: gl.constexpr,
+    Q_EARLY: gl.constexpr, Q_LATE: gl.constexpr, O_EARLY: gl.constexpr, O_LATE: gl.constexpr,
 ):
     """One (request, KV head, split): ``_slot_attention_kernel``'s ROLE 1 for int4 caches.
 
@@ -140,24 +140,21 @@ def _int4_decode_kernel(
     context = seq_len - q_len
     slot_row_ptr = slot_table_ptr + req.to(gl.int64) * stride_table_r
 
-    # Queries: [W, R, D], every warp the same rows, rotated (signs, then Walsh-Hadamard in float32),
-    # rounded to the model dtype as vLLM rounds them, put in _k_order for the scores' dot.
-    L_QR: gl.constexpr = gl.SliceLayout(2, ROW_MAJOR)
-    r_q = gl.arange(0, R, layout=gl.SliceLayout(0, L_QR))
-    d_q = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROW_MAJOR)))
-    w_q = gl.arange(0, W, layout=gl.SliceLayout(1, L_QR))
-    row_q = gl.expand_dims(w_q * 0, 1) + gl.expand_dims(r_q, 0)  # [W, R]
+    # Queries: the RO rows a program attends, rotated (signs, then Walsh-Hadamard in float32) and
+    # rounded to the model dtype as vLLM rounds them, a copy a warp ([W * RO, D], a quarter row a
+    # thread: rotation_layouts); then R rows (zeros past RO) in _k_order for the scores' dot.
+    row_q = gl.arange(0, W * RO, layout=gl.SliceLayout(1, Q_EARLY)) % RO
+    d_q = gl.arange(0, D, layout=gl.SliceLayout(0, Q_EARLY))
     tok_q = (q_start + row_q // GROUP).to(gl.int64)
     ok_q = (row_q < q_len * GROUP) & (tok_q < num_actual_tokens)
     head_q = kv_head * GROUP + row_q % GROUP
-    q_off = (gl.expand_dims(tok_q * stride_q_t + head_q * stride_q_h, 2)
-             + gl.expand_dims(gl.expand_dims(d_q, 0), 1))
-    q = gl.load(q_ptr + q_off, mask=gl.expand_dims(ok_q, 2), other=0.0).to(gl.float32)
+    q_off = gl.expand_dims(tok_q * stride_q_t + head_q * stride_q_h, 1) + gl.expand_dims(d_q, 0)
+    q = gl.load(q_ptr + q_off, mask=gl.expand_dims(ok_q, 1), other=0.0).to(gl.float32)
     signs = gl.load(signs_ptr + d_q)
     LOG2_D: gl.constexpr = D.bit_length() - 1
-    q = gl.reshape(_fwht(gl.reshape(q * gl.expand_dims(gl.expand_dims(signs, 0), 1), [W * R, D]), LOG2_D),
-                   [W, R, D])
-    q = q.to(q_ptr.dtype.element_ty).to(DOT_DTYPE)
+    q = _fwht(q * gl.expand_dims(signs, 0), LOG2_D, Q_LATE)
+    q = gl.reshape(q.to(q_ptr.dtype.element_ty).to(DOT_DTYPE), [W, RO, D])
+    q = gl.reshape(gl.permute(gl.join(q, gl.zeros_like(q)), [0, 3, 1, 2]), [W, R, D])
     q_sum = gl.convert_layout(gl.sum(q.to(gl.float32), 2), gl.SliceLayout(2, MMA))  # [W, R]
     q_op = gl.convert_layout(_k_order(q), A_OP)
 
@@ -260,9 +257,9 @@ def _int4_decode_kernel(
     w_scale = gl.exp2(m_w - gl.expand_dims(m_all_safe, 0))  # [W, RO]
     l_all = gl.sum(l_w * w_scale, 0)
     acc = gl.sum(acc * gl.expand_dims(gl.convert_layout(w_scale, L_ACC_ROW), 1), 0)  # [D, RO]
-    ROW2: gl.constexpr = ROWS_2D
+    ROW2: gl.constexpr = O_LATE
     # The inverse rotation (vLLM's single_rht(x, inverse=True) / D).
-    acc = _fwht(gl.convert_layout(_from_v_order(gl.permute(acc, [1, 0])), ROW2), LOG2_D)
+    acc = _fwht(gl.convert_layout(_from_v_order(gl.permute(acc, [1, 0])), O_EARLY), LOG2_D, O_LATE)
     d_o = gl.arange(0, D, layout=gl.SliceLayout(0, ROW2))
     signs_o = gl.load(signs_ptr + d_o)
     acc = acc * gl.expand_dims(signs_o / D, 0)
@@ -289,7 +286,7 @@ def _int4_decode_kernel(
 
 NUM_WARPS = 4
 # KV tiles a warp's loads run ahead of its arithmetic (1 or 2; registers hold them).
-PREFETCH = 1
+PREFETCH = 2
 _launch = CompiledLaunch(_int4_decode_kernel)
 
 

@@ -44,9 +44,35 @@ def layouts(num_warps: int, head_size: int) -> dict:
         B_OP=gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2),
         K_WORDS=k_words,
         V_WORDS=v_words,
-        # Rows of the head dimension whole in a thread: the rotations' butterflies stay in registers.
-        ROW_MAJOR=gl.BlockedLayout([1, 1, d], [1, 32, 1], [w, 1, 1], [2, 1, 0]),
-        ROWS_2D=gl.BlockedLayout([1, d], [8, 4], [w, 1], [1, 0]),
+        **rotation_layouts(w, d),
+    )
+
+
+def rotation_layouts(num_warps: int, head_size: int) -> dict:
+    """Where the rotations' 8 rows of D live: a quarter row a thread (D/4 positions in registers, 4
+    lanes a row, 8 rows on a warp's lanes), so a thread's butterflies are a quarter of a row's.
+    ``*_EARLY``: positions' low bits in registers (every butterfly stage but the last two);
+    ``*_LATE``: the two top bits in registers instead (the last two; ``_fwht`` converts, within a
+    warp). ``Q_*`` [W * 8, D]: the queries, warp w holding rows 8w..8w+7 (each warp the same 8
+    queries: its own copy for its dot); ``O_*`` [8, D]: the output, every warp the same."""
+    w, d = num_warps, head_size
+    reg_bits = _bits(d) - 2
+    rows = [[1, 0], [2, 0], [4, 0]]
+    low = [[0, 1 << i] for i in range(reg_bits)]
+    top = [[0, 1 << reg_bits], [0, 2 << reg_bits]]
+
+    def layout(regs: list, lanes: list, warps: list, shape: list):
+        return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=rows + lanes, warp_bases=warps,
+                                          block_bases=[], shape=shape)
+
+    q_warps = [[8 << i, 0] for i in range(_bits(w))]
+    o_warps = [[0, 0] for _ in range(_bits(w))]
+    late_regs, late_lanes = low[:-2] + top, low[-2:]
+    return dict(
+        Q_EARLY=layout(low, top, q_warps, [8 * w, d]),
+        Q_LATE=layout(late_regs, late_lanes, q_warps, [8 * w, d]),
+        O_EARLY=layout(low, top, o_warps, [8, d]),
+        O_LATE=layout(late_regs, late_lanes, o_warps, [8, d]),
     )
 
 
@@ -180,8 +206,11 @@ def _butterfly_stage(x, H: gl.constexpr):
 
 
 @gluon.jit
-def _fwht(x, LOG2_D: gl.constexpr):
-    """``x @ H`` for [M, D] float32 (``triton_int4._fwht``)."""
+def _fwht(x, LOG2_D: gl.constexpr, LATE: gl.constexpr):
+    """``x @ H`` for [M, D] float32 (``triton_int4._fwht``) in ``rotation_layouts``' EARLY layout:
+    the last two stages in LATE, where their pairs are in one thread's registers."""
     for i in gl.static_range(LOG2_D):
+        if i == LOG2_D - 2:
+            x = gl.convert_layout(x, LATE)
         x = _butterfly_stage(x, 1 << i)
     return x
