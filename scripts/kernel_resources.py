@@ -108,20 +108,22 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
 
 def gluon_variants() -> list[tuple[str, dict, dict, int]]:
     """(name, pointer dtypes, constexprs, warps) of ``gluon_int4_decode``'s served variants: the int4
-    decode kernel, unsplit and split, at head 128 (Llama-3-8B) and 64 (SmolLM2-135M, GQA 3)."""
+    decode kernel, unsplit and split, at head 128 (Llama-3-8B; both prefetch depths,
+    ``prefetch_for``) and 64 (SmolLM2-135M, GQA 3)."""
     from triton.experimental.gluon import language as gl
 
     ptrs = {"kv_ptr": "i32", "slot_table_ptr": "i32", "query_start_loc_ptr": "i32", "seq_lens_ptr": "i32",
             "acc_ws_ptr": "fp32", "m_ws_ptr": "fp32", "l_ws_ptr": "fp32", "signs_ptr": "fp32",
             "q_ptr": "bf16", "out_ptr": "bf16"}
     out = []
-    for head_size, group in ((D, HQ // HKV), (64, 3)):
+    for head_size, group, prefetch in ((D, HQ // HKV, 2), (D, HQ // HKV, 1), (64, 3, 2)):
         for split in (False, True):
             layouts = gd.layouts(gd.NUM_WARPS, head_size)
             const = dict(HEAD_SIZE=head_size, GROUP=group, SPLIT=split, DOT_DTYPE=gl.bfloat16,
-                         WIDE_OFFSETS=False, PREFETCH=gd.PREFETCH,
+                         WIDE_OFFSETS=False, PREFETCH=prefetch,
                          **layouts)
-            name = f"gluon decode int4{' d64' if head_size == 64 else ''}{' split' if split else ''}"
+            name = (f"gluon decode int4{' d64' if head_size == 64 else ''}{' pf1' if prefetch == 1 else ''}"
+                    f"{' split' if split else ''}")
             out.append((name, ptrs, const, gd.NUM_WARPS))
     return out
 

@@ -360,6 +360,19 @@ def test_gluon_int4_decode_source_matches_float64_on_cpu(heads, head_size, dtype
     _check_gluon_decode(dtype, heads, head_size, GLUON_BATCHES[batch], num_splits, monkeypatch)
 
 
+def test_gluon_int4_decode_prefetches_deeper_only_while_its_programs_fit_one_wave(monkeypatch):
+    """Two tiles in flight up to two programs an SM, one past it (three an SM); a forced depth
+    wins; the warm-up compiles every depth a launch may take."""
+    from proxima.engine.attention import gluon_int4_decode as gd
+
+    monkeypatch.setattr(gd, "PREFETCH", None)
+    cpu = torch.device("cpu")  # 132 multiprocessors stand in (an H100's, an H200's)
+    assert [gd.prefetch_for(n, cpu) for n in (8, 64, 264, 265, 368, 1024)] == [2, 2, 2, 1, 1, 1]
+    assert gd.prefetch_choices() == (1, 2)
+    monkeypatch.setattr(gd, "PREFETCH", 2)
+    assert gd.prefetch_for(1024, cpu) == 2 and gd.prefetch_choices() == (2,)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="Gluon kernels run compiled, on the GPU only")
 def test_gluon_int4_decode_replays_alone_from_a_uniform_decode_graph(monkeypatch):
     """Captured as vLLM captures its uniform-decode graphs (``graph_max_query_len`` 1), the plan is

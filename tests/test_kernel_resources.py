@@ -37,9 +37,11 @@ CEILINGS = {
     "mixed int4": (255, 24), "mixed int4 split": (255, 0),
     # The served int4 plan on the GPU: the unified kernel takes the longer queries (its decodes go
     # to the Gluon kernel below), the Gluon kernel the decodes: two tiles of loads in flight
-    # (PREFETCH 2) and no stack, split or not.
+    # (PREFETCH 2) and no stack, split or not; one tile (pf1, the larger batches) in 167, three
+    # programs an SM (gluon_int4_decode.prefetch_for).
     "mixed long int4": (255, 16), "mixed long int4 split": (244, 0),
     "gluon decode int4": (227, 0), "gluon decode int4 split": (227, 0),
+    "gluon decode int4 pf1": (167, 0), "gluon decode int4 pf1 split": (167, 0),
     "gluon decode int4 d64": (128, 0), "gluon decode int4 d64 split": (134, 0),
     # A float32 model at head 256: correct first (its 128-token tiles needed 288 KiB of shared
     # memory and failed to launch on the H200); the spills are that rare shape's cost.

@@ -15,7 +15,8 @@ for batch, ctx in [(8, 1024), (8, 4096), (8, 8192), (64, 8192)]:
     expected = torch.empty(b.q.shape, dtype=torch.float32, device="cuda")
     slot_attention_torch(b.q.float(), cache.k_codes, cache.v_codes, b.slot_table, b.cu_q, b.seq_lens,
                          kp.SCALE, expected, kv_scales=cache)
-    row = f"{batch:>4} x {ctx:>5}: |expected| max {float(expected.abs().max()):.4f} mean {float(expected.abs().mean()):.4f}"
+    size = expected.abs()
+    row = f"{batch:>4} x {ctx:>5}: |expected| max {float(size.max()):.4f} mean {float(size.mean()):.4f}"
     for kernel in ("gluon", "triton"):
         launch_args.INT4_DECODE = kernel
         out = torch.full_like(b.q, float("nan"))

@@ -72,7 +72,7 @@ def correctness(quick: bool) -> list[dict]:
 
 
 # (warps a program, KV tiles its loads run ahead): the served one first.
-VARIANTS = [(4, 2), (4, 1), (8, 2)]
+VARIANTS = [(4, None), (4, 2), (4, 1), (8, 2)]  # prefetch None: gluon_int4_decode.prefetch_for's
 
 
 def timing(quick: bool) -> list[dict]:
@@ -84,11 +84,11 @@ def timing(quick: bool) -> list[dict]:
     from proxima.engine.attention import gluon_int4_decode as gd
     from proxima.engine.attention import launch_args
 
-    served = (gd.NUM_WARPS, gd.PREFETCH)
+    served = (gd.NUM_WARPS, gd.PREFETCH)  # PREFETCH None: chosen per launch
     rows = []
     print(f"device {torch.cuda.get_device_name()}; graph replay, median us; gluon variants (warps, prefetch)")
-    variants = VARIANTS[:2] if quick else VARIANTS
-    names = ["triton"] + [f"gluon w{w} pf{p}" for w, p in variants]
+    variants = VARIANTS[:3] if quick else VARIANTS
+    names = ["triton"] + [f"gluon w{w} pf{p or 'auto'}" for w, p in variants]
     print(f"{'batch':>5} {'ctx':>6} {'fa3':>8} {'stock int4':>10} " + " ".join(f"{n:>13}" for n in names)
           + "  best/fa3 served/fa3 served/triton served/stock max|served-triton|")
     points = [(b, c) for b, c in PTH_DECODE if b >= 64 and 1024 <= c <= 8192] if quick else PTH_DECODE

@@ -285,9 +285,33 @@ def _int4_decode_kernel(
 
 
 NUM_WARPS = 4
-# KV tiles a warp's loads run ahead of its arithmetic (1 or 2; registers hold them).
-PREFETCH = 2
+# KV tiles a warp's loads run ahead of its arithmetic (1 or 2; registers hold them); None: chosen
+# per launch (prefetch_for). The benchmarks and tests force one.
+PREFETCH: int | None = None
 _launch = CompiledLaunch(_int4_decode_kernel)
+
+
+def prefetch_for(programs: int, device: torch.device) -> int:
+    """Two tiles of loads in flight (227 registers: two programs an SM) while a launch's (request,
+    KV head) programs fit in one wave of two an SM; one tile (167 registers: three an SM) past it,
+    where the third program does more than the deeper pipeline. H200, graph replay
+    (docs/benchmarks.md, issue 25): 46 x 300 (368 programs) 25.0 us against 33.4, 128 x 4,096
+    292.9 against 354.7; 8 x 32,768 (64) 169.2 against 193.9."""
+    if PREFETCH is not None:
+        return PREFETCH
+    return 1 if programs > 2 * _multiprocessors(device) else 2
+
+
+def prefetch_choices() -> tuple[int, ...]:
+    """The prefetch depths launches may take (the warm-up compiles each)."""
+    return (PREFETCH,) if PREFETCH is not None else (1, 2)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # the emulation on CPU (tests/gluon_emulator.py): an H100's or H200's count
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def serves(query: Tensor, group: int) -> bool:
@@ -333,7 +357,8 @@ def decode_launch(query: Tensor, cache, slot_table: Tensor, query_start_loc: Ten
     tensors = (query, k, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws, signs)
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1), k.stride(0),
                slot_table.stride(0), *ws_strides)
-    constexprs = (head_size, group, num_splits > 1, dot, wide, PREFETCH)
+    constexprs = (head_size, group, num_splits > 1, dot, wide,
+                  prefetch_for(num_requests * num_kv_heads, query.device))
     args = (*tensors, float(scale) / head_size * _LOG2_E, row_limit, num_splits, *strides, *constexprs,
             *_layouts(NUM_WARPS, head_size))
     key = (query.device.index, tensor_key(tensors), strides[:-2], constexprs, NUM_WARPS)

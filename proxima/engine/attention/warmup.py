@@ -7,6 +7,7 @@ the one a later call looks up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -14,6 +15,7 @@ import torch
 import triton
 from torch import Tensor
 
+from proxima.engine.attention import gluon_int4_decode
 from proxima.engine.attention.launch_args import interpreting, scale_args
 from proxima.engine.attention.planning import MAX_SPLITS, TileConfig, cache_tiles, head_size_pad
 from proxima.engine.attention.quant import KVScales
@@ -55,8 +57,12 @@ def compile_attention_variants(
         kv_tiles = triton.cdiv(slot_table.shape[1], tiles.short_block_n or tiles.block_n)
         max_splits = max(max_splits, min(MAX_SPLITS, kv_tiles))
         for num_splits in (1, 2):  # every split count > 1 shares one main-kernel variant
-            for launch, grid, args, key, options in plan(tiles, num_splits):
-                count += launch.compile(grid, args, key, **options)
+            # The int4 decode kernel's depth follows the batch (gluon_int4_decode.prefetch_for).
+            for prefetch in gluon_int4_decode.prefetch_choices():
+                with _forced(gluon_int4_decode, "PREFETCH", prefetch):
+                    entries = plan(tiles, num_splits)
+                for launch, grid, args, key, options in entries:
+                    count += launch.compile(grid, args, key, **options)
     # The merge kernel is compiled per padded split count (a constexpr).
     tiles = cache_tiles(group, padded, query.dtype.itemsize, 1, int4_codes)
     splits = 4
@@ -65,6 +71,16 @@ def compile_attention_variants(
         count += launch.compile(grid, args, key, **options)
         splits *= 2
     return count
+
+
+@contextlib.contextmanager
+def _forced(module, name: str, value):
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
 
 
 _precompiled_layouts: set[tuple] = set()
