@@ -45,7 +45,7 @@ sweep-pth) bench sweep_pth_decode sweep-pth ;;  # launch plans of graph-replayed
 sweep-pth-tiles) bench sweep_pth_tiles sweep-pth-tiles ;;  # int4 decode tile shapes, graph-replayed
 gluon-int4)  # the Gluon int4 decode kernel: its output, then its decode grid against FA3 bf16 and Triton's
   bench gluon_int4 gluon-int4
-  python3 -m pytest -q -p no:cacheprovider tests/test_attention_per_token_head.py -k gluon 2>&1 | tail -5 \
+  python3 -m pytest -q -p no:cacheprovider tests/test_attention_gluon_int4.py 2>&1 | tail -5 \
     | tee "$out/gluon-int4-tests.txt"
   ;;
 e2e-pth)  # the 1 GiB budget with int4 KV: Proxima vs stock int4 vs stock defaults (pass --shared-prefix 300 etc.)
