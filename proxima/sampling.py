@@ -140,10 +140,10 @@ class Sampler:
 
     @contextlib.asynccontextmanager
     async def running(self, final: bool = True) -> AsyncIterator[Sampler]:
-        """Sample until the block exits. With `final` (the default), a reading in flight then is
-        finished rather than cancelled and one more is taken: at least two samples whatever the
-        timing, because under load one scrape can outlast a short phase, and a phase needs both of
-        its ends. Without it, sampling stops at once (bench: a level's peaks are in by then)."""
+        """Sample until the block exits. The reading in flight then is finished rather than
+        cancelled (its scrape budget bounds the wait): under load one scrape can outlast a short
+        phase, which must still have its reading. With `final` (the default) one more is taken, so
+        that a phase has both of its ends; without it (bench: a level's peaks are in by then) none."""
         if self.interval_s <= 0:
             yield self
             return
@@ -163,12 +163,10 @@ class Sampler:
             except BaseException:
                 await _stop(task, stop)
                 raise
-            if not final:
-                await _stop(task, stop)
-                return
             stop.set()
             await task
-            self.samples.append(await self.read())
+            if final:
+                self.samples.append(await self.read())
 
 
 async def _stop(task: asyncio.Future, stop: asyncio.Event) -> None:

@@ -139,3 +139,21 @@ def test_a_cancel_landing_as_a_probe_finishes_stops_the_doctor(monkeypatch):
 
     doctor, ran = asyncio.run(main())
     assert doctor.cancelled() and ran == ["first"], f"the cancel was lost: the doctor ran {ran}"
+
+
+def test_a_phase_shorter_than_one_scrape_keeps_its_reading():
+    """The bench's flake: a level that ends while its first scrape is still answering (a busy
+    2-core host) must keep that reading, not cancel it and report an empty timeline."""
+    async def main() -> list:
+        async def slow(request: httpx.Request) -> httpx.Response:
+            await asyncio.sleep(0.3)
+            return httpx.Response(200, content=METRICS)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(slow)) as client:
+            sampler = Sampler(URL, 0.05, client=client, here=False)
+            async with sampler.running(final=False):
+                await asyncio.sleep(0.01)
+            return sampler.samples
+
+    samples = asyncio.run(main())
+    assert len(samples) == 1 and samples[0].snapshot.ok

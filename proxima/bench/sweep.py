@@ -170,7 +170,7 @@ async def run_level(target: Target, workload: Workload, kind: str, value: float,
     async with httpx.AsyncClient(headers=auth_headers(params.api_key), limits=client_limits()) as scrape_http:
         before = await scrape(scrape_http, target.url, params.scrape_timeout_s)
         cpu = CpuMeter()
-        # Off the event loop that times the tokens, and stopped at once when the level ends.
+        # Off the event loop that times the tokens; no extra reading when the level ends.
         sampler = Sampler(target.url, params.sample_interval_s, here=target.local, off_loop=True,
                           timeout_s=max(1.0, 4 * params.sample_interval_s),
                           headers=auth_headers(params.api_key))
