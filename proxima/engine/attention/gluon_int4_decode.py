@@ -31,6 +31,7 @@ Same contract as ``_slot_attention_kernel`` with ``ROLE`` 1 (the short launch of
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import Tensor
@@ -291,15 +292,24 @@ PREFETCH: int | None = None
 _launch = CompiledLaunch(_int4_decode_kernel)
 
 
+# A wave of one-tile programs (three an SM) against one of two-tile programs (two an SM): H200,
+# graph replay, the same context a program: 128 x 4,096 and 128 x 8,192 1.10, 256 x 4,096 1.09,
+# 512 x 1,024 1.17 (docs/benchmarks.md, issue 25).
+_SHALLOW_WAVE_COST = 1.1
+
+
 def prefetch_for(programs: int, device: torch.device) -> int:
-    """Two tiles of loads in flight (227 registers: two programs an SM) while a launch's (request,
-    KV head) programs fit in one wave of two an SM; one tile (167 registers: three an SM) past it,
-    where the third program does more than the deeper pipeline. H200, graph replay
-    (docs/benchmarks.md, issue 25): 46 x 300 (368 programs) 25.0 us against 33.4, 128 x 4,096
-    292.9 against 354.7; 8 x 32,768 (64) 169.2 against 193.9."""
+    """Two tiles of loads in flight (227 registers: two programs an SM) or one (167 registers:
+    three an SM), whichever runs a launch's programs in less time: its waves (a partial one counts
+    whole) times a wave's cost. Past one wave of two an SM the third program mostly wins (H200,
+    graph replay: 46 x 300, 368 programs, 25.0 us against 33.4; 128 x 4,096 292.9 against 354.7);
+    where both take the same waves, the deeper pipeline does (64 x 4,096, 512 programs: 182.9
+    against 187.7; 8 x 32,768: 169.2 against 193.9)."""
     if PREFETCH is not None:
         return PREFETCH
-    return 1 if programs > 2 * _multiprocessors(device) else 2
+    sms = _multiprocessors(device)
+    deep, shallow = math.ceil(programs / (2 * sms)), math.ceil(programs / (3 * sms))
+    return 1 if shallow * _SHALLOW_WAVE_COST < deep else 2
 
 
 def prefetch_choices() -> tuple[int, ...]:
@@ -358,7 +368,7 @@ def decode_launch(query: Tensor, cache, slot_table: Tensor, query_start_loc: Ten
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1), k.stride(0),
                slot_table.stride(0), *ws_strides)
     constexprs = (head_size, group, num_splits > 1, dot, wide,
-                  prefetch_for(num_requests * num_kv_heads, query.device))
+                  prefetch_for(num_requests * num_kv_heads * num_splits, query.device))
     args = (*tensors, float(scale) / head_size * _LOG2_E, row_limit, num_splits, *strides, *constexprs,
             *_layouts(NUM_WARPS, head_size))
     key = (query.device.index, tensor_key(tensors), strides[:-2], constexprs, NUM_WARPS)
