@@ -30,6 +30,19 @@ def _cpu_computes_bf16() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
+def _eager_sampler_on_cpu() -> None:
+    """Every process the tests start (servers, engines, CLIs) inherits TORCHDYNAMO_DISABLE=1 on a
+    CPU-only host. vLLM compiles its sampler with torch.compile even under --enforce-eager
+    (`compiled_random_sample`, at each start-up's warm-up): 12-17 s of a tiny-model server's
+    35-42 s start on 2 cores (docs/benchmarks.md, "CI time"). Proxima does not touch the sampler,
+    and both engines of every comparison run it the same way. A GPU host keeps vLLM's default."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+
+_eager_sampler_on_cpu()
 # vLLM 0.26's CPU backend (cpu_attn._get_attn_isa) serves an fp8 KV cache only on x86 with AVX-512
 # or AMX: elsewhere its stock servers refuse to start, and there is nothing to compare against.
 STOCK_CPU_FP8 = _stock_cpu_serves_fp8_kv()

@@ -134,12 +134,16 @@ def test_fp8_next_token_distributions_as_close_to_stock_fp8_as_fp8_allows(runs):
     # 0.0175 (Proxima) and 0.0176 (stock), top-1 agreement with float32 92%.
     assert cost_stock.mean > 1e-3
     assert cost_ours.mean == pytest.approx(cost_stock.mean, rel=0.1)
-    # The two fp8 engines are far closer to each other than fp8 is to float32. Measured: KL mean
-    # 2.0e-4 (1.2% of fp8's own 0.0176), p99 3.4e-3, top-1 agreement 99.3%, perplexity 24.061
-    # against 24.055 (float32: 23.731). A quantisation unlike vLLM's (rounding, saturation,
-    # scale) moves the whole distribution, as far as fp8 itself.
-    assert between.mean < 0.05 * cost_stock.mean and between.p99 < 0.25 * cost_stock.p99
-    assert _top1_agreement(stock, ours) > 0.98
+    # The two fp8 engines are far closer to each other than fp8 is to float32; how close depends
+    # on the host, because Proxima's torch path sums in the host BLAS's order, stock's C++ kernel
+    # in its own, and fp8 turns last-bit differences into whole-code steps in later layers.
+    # Measured, the same code (d34b024 and 2026-12-06's main): KL mean 2.0e-4 (1.2% of fp8's own
+    # 0.0176), p99 3.4e-3, top-1 99.3%, perplexity 24.061 against stock's 24.055 on 2026-12-03's
+    # host; KL mean 9.8e-4 (5.6%), p99 0.010, top-1 98.3%, perplexity 24.062 on an AMD EPYC
+    # (AVX-512, no AMX); stock's 24.0552 on both, float32's 23.731. A quantisation unlike
+    # vLLM's (rounding, saturation, scale) moves the whole distribution, as far as fp8 itself.
+    assert between.mean < 0.1 * cost_stock.mean and between.p99 < 0.25 * cost_stock.p99
+    assert _top1_agreement(stock, ours) > 0.97
     assert perplexity(ours) == pytest.approx(perplexity(stock), rel=2e-3)
 
 
