@@ -116,13 +116,14 @@ def gluon_variants() -> list[tuple[str, dict, dict, int]]:
             "acc_ws_ptr": "fp32", "m_ws_ptr": "fp32", "l_ws_ptr": "fp32", "signs_ptr": "fp32",
             "q_ptr": "bf16", "out_ptr": "bf16"}
     out = []
-    for head_size, group, prefetch in ((D, HQ // HKV, 2), (D, HQ // HKV, 1), (64, 3, 2)):
+    for head_size, group, prefetch in ((D, HQ // HKV, 2), (D, HQ // HKV, 1), (D, HQ // HKV, 0), (64, 3, 2)):
         for split in (False, True):
             layouts = gd.layouts(gd.NUM_WARPS, head_size)
             const = dict(HEAD_SIZE=head_size, GROUP=group, SPLIT=split, DOT_DTYPE=gl.bfloat16,
                          WIDE_OFFSETS=False, PREFETCH=prefetch,
                          **layouts)
-            name = (f"gluon decode int4{' d64' if head_size == 64 else ''}{' pf1' if prefetch == 1 else ''}"
+            depth = f" pf{prefetch}" if prefetch < 2 else ""
+            name = (f"gluon decode int4{' d64' if head_size == 64 else ''}{depth}"
                     f"{' split' if split else ''}")
             out.append((name, ptrs, const, gd.NUM_WARPS))
     return out

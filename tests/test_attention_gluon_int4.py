@@ -88,7 +88,7 @@ EMULATED_GLUON = [
     ("gqa4-d128", (8, 2), 128, torch.float16, "mixed", 3, (4, 1)),
     ("mha-d128", (2, 2), 128, torch.bfloat16, "mixed", 1, (4, 2)),
     ("gqa3-d64", (6, 2), 64, torch.float16, "decodes", 3, (8, 1)),
-    ("gqa8-d64", (16, 2), 64, torch.bfloat16, "mixed", 3, (4, 1)),
+    ("gqa8-d64", (16, 2), 64, torch.bfloat16, "mixed", 3, (4, 0)),
 ]
 GLUON_BATCHES = {"decodes": DECODES + LONG_DECODES, "mixed": MIXED + LONG_DECODES}
 

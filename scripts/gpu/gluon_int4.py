@@ -4,8 +4,8 @@ one call, split and not), then decode under CUDA-graph replay against FA3 bf16, 
 kernel (TRITON_ATTN) and Proxima's Triton int4 kernel (``launch_args.INT4_DECODE`` "triton").
 
 usage: python scripts/gpu/gluon_int4.py [--json OUT] [--quick]   (needs CUDA and vLLM 0.26)
-       --quick: GQA 4 at head 128 only, the issue's points (64-256 requests, 1k-8k tokens) and
-       the served variant against one more
+       --quick: GQA 4 at head 128 only, the issue's points (64-256 requests, 1k-8k tokens); every
+       variant (VARIANTS) either way
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ def correctness(quick: bool) -> list[dict]:
 
 
 # (warps a program, KV tiles its loads run ahead): the served one first.
-VARIANTS = [(4, None), (4, 2), (4, 1), (8, 2)]  # prefetch None: gluon_int4_decode.prefetch_for's
+# prefetch None: gluon_int4_decode.prefetch_for's; 0: each tile its own loads, four programs an SM.
+# (8 warps, 2 tiles) lost to 4 warps at every point of the 2026-12-06 H200 grid.
+VARIANTS = [(4, None), (4, 2), (4, 1), (4, 0)]
 
 
 def timing(quick: bool) -> list[dict]:
@@ -87,8 +89,8 @@ def timing(quick: bool) -> list[dict]:
     served = (gd.NUM_WARPS, gd.PREFETCH)  # PREFETCH None: chosen per launch
     rows = []
     print(f"device {torch.cuda.get_device_name()}; graph replay, median us; gluon variants (warps, prefetch)")
-    variants = VARIANTS[:3] if quick else VARIANTS
-    names = ["triton"] + [f"gluon w{w} pf{p or 'auto'}" for w, p in variants]
+    variants = VARIANTS
+    names = ["triton"] + [f"gluon w{w} pf{'auto' if p is None else p}" for w, p in variants]
     print(f"{'batch':>5} {'ctx':>6} {'fa3':>8} {'stock int4':>10} " + " ".join(f"{n:>13}" for n in names)
           + "  best/fa3 served/fa3 served/triton served/stock max|served-triton|")
     points = [(b, c) for b, c in PTH_DECODE if b >= 64 and 1024 <= c <= 8192] if quick else PTH_DECODE

@@ -186,40 +186,45 @@ def _int4_decode_kernel(
     z_sums = gl.zeros([W, R, TN], gl.float32, MMA)
 
     # A software pipeline in registers: each tile issues the code loads of the tile PREFETCH ahead
-    # and the slots of the one after that before its own arithmetic.
+    # and the slots of the one after that before its own arithmetic (PREFETCH 0: its own codes).
     # V's words and both scales are read at the same tokens a thread (2t, 2t + 1, 2t + 8, 2t + 9):
     # one slot load serves them (L_VS and L_TOK are one layout).
     sk, ok_k = _tile_slots(tile_start, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
                            WIDE_OFFSETS)
     ss, ok_s = _tile_slots(tile_start, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
                            WIDE_OFFSETS)
-    k_words, v_words, k_bits, v_bits = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D, K_WORDS,
-                                                   V_WORDS)
-    if PREFETCH == 2:
-        sk, ok_k = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
-                           WIDE_OFFSETS)
-        ss, ok_s = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
-                           WIDE_OFFSETS)
-        k_next, v_next, kb_next, vb_next = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D, K_WORDS,
-                                                       V_WORDS)
-    else:  # placeholders, never read
-        k_next, v_next, kb_next, vb_next = k_words, v_words, k_bits, v_bits
-    sk, ok_k = _tile_slots(tile_start + PREFETCH, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
-                           WIDE_OFFSETS)
-    ss, ok_s = _tile_slots(tile_start + PREFETCH, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
-                           WIDE_OFFSETS)
-    for tile in range(tile_start, tile_end):
-        k_cur = k_words
-        v_cur = v_words
-        kb_cur = k_bits
-        vb_cur = v_bits
+    if PREFETCH > 0:
+        k_words, v_words, k_bits, v_bits = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D,
+                                                       K_WORDS, V_WORDS)
         if PREFETCH == 2:
-            k_words, v_words, k_bits, v_bits = k_next, v_next, kb_next, vb_next
+            sk, ok_k = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
+                                   WIDE_OFFSETS)
+            ss, ok_s = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
+                                   WIDE_OFFSETS)
             k_next, v_next, kb_next, vb_next = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D,
                                                            K_WORDS, V_WORDS)
+        else:  # placeholders, never read
+            k_next, v_next, kb_next, vb_next = k_words, v_words, k_bits, v_bits
+        sk, ok_k = _tile_slots(tile_start + PREFETCH, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
+                               WIDE_OFFSETS)
+        ss, ok_s = _tile_slots(tile_start + PREFETCH, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
+                               WIDE_OFFSETS)
+    for tile in range(tile_start, tile_end):
+        if PREFETCH == 0:  # the tile's own codes, its slots loaded a tile ahead
+            k_cur, v_cur, kb_cur, vb_cur = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D,
+                                                       K_WORDS, V_WORDS)
         else:
-            k_words, v_words, k_bits, v_bits = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D,
-                                                           K_WORDS, V_WORDS)
+            k_cur = k_words
+            v_cur = v_words
+            kb_cur = k_bits
+            vb_cur = v_bits
+            if PREFETCH == 2:
+                k_words, v_words, k_bits, v_bits = k_next, v_next, kb_next, vb_next
+                k_next, v_next, kb_next, vb_next = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot,
+                                                               D, K_WORDS, V_WORDS)
+            else:
+                k_words, v_words, k_bits, v_bits = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot,
+                                                               D, K_WORDS, V_WORDS)
         sk, ok_k = _tile_slots(tile + PREFETCH + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
                            WIDE_OFFSETS)
         ss, ok_s = _tile_slots(tile + PREFETCH + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
@@ -287,7 +292,9 @@ def _int4_decode_kernel(
 
 NUM_WARPS = 4
 # KV tiles a warp's loads run ahead of its arithmetic (1 or 2; registers hold them); None: chosen
-# per launch (prefetch_for). The benchmarks and tests force one.
+# per launch (prefetch_for). The benchmarks and tests force one. 0, never chosen yet: each tile
+# loads its own codes (only its slots a tile ahead): 127 registers unsplit, four programs an SM
+# (sm_90 build), so the latency is left to the other warps; scripts/gpu/gluon_int4.py times it.
 PREFETCH: int | None = None
 _launch = CompiledLaunch(_int4_decode_kernel)
 
