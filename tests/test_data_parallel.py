@@ -69,13 +69,18 @@ def test_a_two_engine_server_labels_each_engine_and_ratios_stay_within_one(tiny_
     # it go) that they bind seconds later: ManagedServer starts once more when that race is lost.
     spec = ServerSpec(model=tiny_model, variant="token", log_path=server_logs / "dp2.log",
                       args=(*SERVER_ARGS, "--data-parallel-size", "2"))
-    with ManagedServer(spec) as server, \
+    # One pooled client, and answers long enough that each sender has a request in the engine most
+    # of the time: on two cores shared with both engines' threads and the API server, this process
+    # gets little CPU, and a run where each request (100 tokens, a new client each) spent ~2 s in
+    # the client for 0.7 s in an engine kept one request an engine at most and never saw both hold
+    # slots within 180 s (CI on this host, 2026-12-06).
+    with ManagedServer(spec) as server, httpx.Client(timeout=300) as client, \
             concurrent.futures.ThreadPoolExecutor(8) as pool:
         def keep_sending(words: int) -> list[int]:
             codes = []
             while not stop.is_set():
-                codes.append(httpx.post(f"{server.url}/v1/completions", timeout=300, json={
-                    "model": tiny_model, "prompt": " ".join(["fox"] * words), "max_tokens": 100,
+                codes.append(client.post(f"{server.url}/v1/completions", json={
+                    "model": tiny_model, "prompt": " ".join(["fox"] * words), "max_tokens": 400,
                     "ignore_eos": True}).status_code)
             return codes
 
@@ -86,7 +91,7 @@ def test_a_two_engine_server_labels_each_engine_and_ratios_stay_within_one(tiny_
         deadline = time.monotonic() + 180
         try:
             while not all(held.values()) and time.monotonic() < deadline:
-                text = httpx.get(f"{server.url}/metrics", timeout=30).text
+                text = client.get(f"{server.url}/metrics", timeout=30).text
                 for engine in held:
                     snap = parse_metrics(text, engine=engine).proxima
                     assert snap is not None, f"engine {engine} exports no Proxima series"
