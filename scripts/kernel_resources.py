@@ -202,7 +202,9 @@ def build(ptrs: dict, const: dict, tiles):
     return triton.compile(src, target=TARGET, options=options)
 
 
-LOOP_OPS = ("HGMMA", "HMMA", "LDS", "LDSM", "STS", "BAR", "LDG", "IMAD", "LOP3", "SHF", "PRMT", "SHFL")
+LOOP_OPS = ("HGMMA", "HMMA", "LDS", "LDSM", "STS", "BAR", "LDG", "IMAD", "LOP3", "SHF", "PRMT", "SHFL",
+            # The rest of a register-only loop's work: moves, addressing, the softmax's arithmetic.
+            "MOV", "IADD3", "ISETP", "LEA", "FMUL", "FFMA", "MUFU")
 
 
 def _cuobjdump(kernel, flag: str) -> str:
