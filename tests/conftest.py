@@ -34,8 +34,9 @@ def _eager_sampler_on_cpu() -> None:
     """Every process the tests start (servers, engines, CLIs) inherits TORCHDYNAMO_DISABLE=1 on a
     CPU-only host. vLLM compiles its sampler with torch.compile even under --enforce-eager
     (`compiled_random_sample`, at each start-up's warm-up): 12-17 s of a tiny-model server's
-    35-42 s start on 2 cores (docs/benchmarks.md, "CI time"). Proxima does not touch the sampler,
-    and both engines of every comparison run it the same way. A GPU host keeps vLLM's default."""
+    35-42 s start on 2 cores (docs/benchmarks.md, "Test servers without torch.compile"). Proxima
+    does not touch the sampler, and both engines of every comparison run it the same way. A GPU
+    host keeps vLLM's default."""
     import torch
 
     if not torch.cuda.is_available():

@@ -81,8 +81,8 @@ def _check_gluon_decode(dtype, heads, head_size, requests, num_splits, monkeypat
 
 
 # On the CPU the emulation takes seconds a program: a few cases, 2 KV heads (fewer programs, the
-# same groups), cover each head shape, both dtypes, both kinds of batch, split and not, and the
-# (warps, prefetch) variants the GPU benchmark times.
+# same groups), cover each head shape, both dtypes, both kinds of batch, split and not, each
+# prefetch depth (0, 1, 2) and both warp counts (4, 8).
 EMULATED_GLUON = [
     ("gqa4-d128", (8, 2), 128, torch.bfloat16, "decodes", 1, (4, 1)),
     ("gqa4-d128", (8, 2), 128, torch.float16, "mixed", 3, (4, 1)),

@@ -89,8 +89,7 @@ def timing(quick: bool) -> list[dict]:
     served = (gd.NUM_WARPS, gd.PREFETCH)  # PREFETCH None: chosen per launch
     rows = []
     print(f"device {torch.cuda.get_device_name()}; graph replay, median us; gluon variants (warps, prefetch)")
-    variants = VARIANTS
-    names = ["triton"] + [f"gluon w{w} pf{'auto' if p is None else p}" for w, p in variants]
+    names = ["triton"] + [f"gluon w{w} pf{'auto' if p is None else p}" for w, p in VARIANTS]
     print(f"{'batch':>5} {'ctx':>6} {'fa3':>8} {'stock int4':>10} " + " ".join(f"{n:>13}" for n in names)
           + "  best/fa3 served/fa3 served/triton served/stock max|served-triton|")
     points = [(b, c) for b, c in PTH_DECODE if b >= 64 and 1024 <= c <= 8192] if quick else PTH_DECODE
@@ -109,7 +108,7 @@ def timing(quick: bool) -> list[dict]:
         for name in names:
             launch_args.INT4_DECODE = "triton" if name == "triton" else "gluon"
             if name != "triton":
-                gd.NUM_WARPS, gd.PREFETCH = variants[names.index(name) - 1]
+                gd.NUM_WARPS, gd.PREFETCH = VARIANTS[names.index(name) - 1]
             outs[name] = torch.empty_like(b.q)
             try:
                 us[name] = graph_us(kp.proxima_call(b, cache, outs[name]))
