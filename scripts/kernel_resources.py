@@ -109,20 +109,22 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
 def gluon_variants() -> list[tuple[str, dict, dict, int]]:
     """(name, pointer dtypes, constexprs, warps) of ``gluon_int4_decode``'s served variants: the int4
     decode kernel, unsplit and split, at head 128 (Llama-3-8B; both prefetch depths,
-    ``prefetch_for``) and 64 (SmolLM2-135M, GQA 3)."""
+    ``prefetch_for``, and the timed candidates: prefetch 0, one tile a step or two) and 64
+    (SmolLM2-135M, GQA 3)."""
     from triton.experimental.gluon import language as gl
 
     ptrs = {"kv_ptr": "i32", "slot_table_ptr": "i32", "query_start_loc_ptr": "i32", "seq_lens_ptr": "i32",
             "acc_ws_ptr": "fp32", "m_ws_ptr": "fp32", "l_ws_ptr": "fp32", "signs_ptr": "fp32",
             "q_ptr": "bf16", "out_ptr": "bf16"}
     out = []
-    for head_size, group, prefetch in ((D, HQ // HKV, 2), (D, HQ // HKV, 1), (D, HQ // HKV, 0), (64, 3, 2)):
+    for head_size, group, prefetch, step in ((D, HQ // HKV, 2, 1), (D, HQ // HKV, 1, 1), (D, HQ // HKV, 0, 1),
+                                             (D, HQ // HKV, 0, 2), (64, 3, 2, 1)):
         for split in (False, True):
             layouts = gd.layouts(gd.NUM_WARPS, head_size)
             const = dict(HEAD_SIZE=head_size, GROUP=group, SPLIT=split, DOT_DTYPE=gl.bfloat16,
-                         WIDE_OFFSETS=False, PREFETCH=prefetch,
+                         WIDE_OFFSETS=False, PREFETCH=prefetch, STEP=step,
                          **layouts)
-            depth = f" pf{prefetch}" if prefetch < 2 else ""
+            depth = (f" pf{prefetch}" if prefetch < 2 else "") + (f" x{step}" if step > 1 else "")
             name = (f"gluon decode int4{' d64' if head_size == 64 else ''}{depth}"
                     f"{' split' if split else ''}")
             out.append((name, ptrs, const, gd.NUM_WARPS))

@@ -82,13 +82,14 @@ def _check_gluon_decode(dtype, heads, head_size, requests, num_splits, monkeypat
 
 # On the CPU the emulation takes seconds a program: a few cases, 2 KV heads (fewer programs, the
 # same groups), cover each head shape, both dtypes, both kinds of batch, split and not, each
-# prefetch depth (0, 1, 2) and both warp counts (4, 8).
+# prefetch depth (0, 1, 2), both warp counts (4, 8) and two tiles a step: (warps, prefetch[, step]).
 EMULATED_GLUON = [
     ("gqa4-d128", (8, 2), 128, torch.bfloat16, "decodes", 1, (4, 1)),
     ("gqa4-d128", (8, 2), 128, torch.float16, "mixed", 3, (4, 1)),
     ("mha-d128", (2, 2), 128, torch.bfloat16, "mixed", 1, (4, 2)),
     ("gqa3-d64", (6, 2), 64, torch.float16, "decodes", 3, (8, 1)),
     ("gqa8-d64", (16, 2), 64, torch.bfloat16, "mixed", 3, (4, 0)),
+    ("gqa4-d128", (8, 2), 128, torch.bfloat16, "decodes", 3, (4, 0, 2)),  # odd tile counts a split
 ]
 GLUON_BATCHES = {"decodes": DECODES + LONG_DECODES, "mixed": MIXED + LONG_DECODES}
 
@@ -108,6 +109,7 @@ def test_gluon_int4_decode_source_matches_float64_on_cpu(heads, head_size, dtype
 
     monkeypatch.setattr(gluon_int4_decode, "NUM_WARPS", variant[0])
     monkeypatch.setattr(gluon_int4_decode, "PREFETCH", variant[1])
+    monkeypatch.setattr(gluon_int4_decode, "TILES_A_STEP", variant[2] if len(variant) > 2 else 1)
     _check_gluon_decode(dtype, heads, head_size, GLUON_BATCHES[batch], num_splits, monkeypatch)
 
 

@@ -71,10 +71,11 @@ def correctness(quick: bool) -> list[dict]:
     return rows
 
 
-# (warps a program, KV tiles its loads run ahead): the served one first.
-# prefetch None: gluon_int4_decode.prefetch_for's; 0: each tile its own loads, four programs an SM.
+# (warps a program, KV tiles its loads run ahead, tiles a softmax update): the served one first.
+# prefetch None: gluon_int4_decode.prefetch_for's; 0: each tile its own loads, four programs an SM;
+# step 2 (prefetch 0): two tiles' loads at once, one softmax update for both (180 registers).
 # (8 warps, 2 tiles) lost to 4 warps at every point of the 2026-12-06 H200 grid.
-VARIANTS = [(4, None), (4, 2), (4, 1), (4, 0)]
+VARIANTS = [(4, None, 1), (4, 2, 1), (4, 1, 1), (4, 0, 1), (4, 0, 2)]
 
 
 def timing(quick: bool) -> list[dict]:
@@ -86,10 +87,11 @@ def timing(quick: bool) -> list[dict]:
     from proxima.engine.attention import gluon_int4_decode as gd
     from proxima.engine.attention import launch_args
 
-    served = (gd.NUM_WARPS, gd.PREFETCH)  # PREFETCH None: chosen per launch
+    served = (gd.NUM_WARPS, gd.PREFETCH, gd.TILES_A_STEP)  # PREFETCH None: chosen per launch
     rows = []
     print(f"device {torch.cuda.get_device_name()}; graph replay, median us; gluon variants (warps, prefetch)")
-    names = ["triton"] + [f"gluon w{w} pf{'auto' if p is None else p}" for w, p in VARIANTS]
+    names = ["triton"] + [f"gluon w{w} pf{'auto' if p is None else p}{' x2' if t == 2 else ''}"
+                          for w, p, t in VARIANTS]
     print(f"{'batch':>5} {'ctx':>6} {'fa3':>8} {'stock int4':>10} " + " ".join(f"{n:>13}" for n in names)
           + "  best/fa3 served/fa3 served/triton served/stock max|served-triton|")
     points = [(b, c) for b, c in PTH_DECODE if b >= 64 and 1024 <= c <= 8192] if quick else PTH_DECODE
@@ -108,7 +110,7 @@ def timing(quick: bool) -> list[dict]:
         for name in names:
             launch_args.INT4_DECODE = "triton" if name == "triton" else "gluon"
             if name != "triton":
-                gd.NUM_WARPS, gd.PREFETCH = VARIANTS[names.index(name) - 1]
+                gd.NUM_WARPS, gd.PREFETCH, gd.TILES_A_STEP = VARIANTS[names.index(name) - 1]
             outs[name] = torch.empty_like(b.q)
             try:
                 us[name] = graph_us(kp.proxima_call(b, cache, outs[name]))
@@ -116,7 +118,7 @@ def timing(quick: bool) -> list[dict]:
                 print(f"   {name}: {type(e).__name__}: {e}"[:300], flush=True)
                 us[name] = float("nan")
         launch_args.INT4_DECODE = "gluon"
-        gd.NUM_WARPS, gd.PREFETCH = served
+        gd.NUM_WARPS, gd.PREFETCH, gd.TILES_A_STEP = served
         gl_served = names[1]
         err = float((outs[gl_served].float() - outs["triton"].float()).abs().max())
         best = min(us[n] for n in names[1:])

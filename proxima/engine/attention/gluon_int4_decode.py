@@ -101,6 +101,40 @@ def _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D: gl.constexpr, K_WO
     return k_words, v_words, k_bits, v_bits
 
 
+@gluon.jit
+def _scores(q_op, q_sum, k_words, k_bits, tile, tile_end, seq_len, q_abs_pos, qk_scale,
+            DOT_DTYPE: gl.constexpr, BIAS: gl.constexpr, CODE_BIAS: gl.constexpr, W: gl.constexpr,
+            R: gl.constexpr, TN: gl.constexpr,
+            MMA: gl.constexpr, B_OP: gl.constexpr, L_TOK: gl.constexpr):
+    """A tile's base-2 logits [W, R, TN]: the codes' dot with the rotated queries, less the zero
+    point's share (q_sum times it), times the scale; -inf past the sequence, the causal edge and
+    the split's last tile (a step's second tile may lie past it)."""
+    s = mma_v2(q_op, _k_operand(k_words, DOT_DTYPE, BIAS, B_OP), gl.zeros([W, R, TN], gl.float32, MMA))
+    k_zero = ((k_bits & 0xF) + CODE_BIAS).to(gl.float32)
+    s = s - gl.expand_dims(q_sum, 2) * gl.expand_dims(k_zero, 1)
+    s = s * gl.expand_dims((k_bits & -16).to(gl.float32, bitcast=True) * qk_scale, 1)
+    pos = _token_index(tile, W, TN, L_TOK)
+    visible = gl.expand_dims((pos < seq_len) & (tile < tile_end), 1) \
+        & (gl.expand_dims(pos, 1) <= gl.expand_dims(q_abs_pos, 2))
+    return gl.where(visible, s, float("-inf"))
+
+
+@gluon.jit
+def _weighted(p, v_bits, DOT_DTYPE: gl.constexpr, CODE_BIAS: gl.constexpr):
+    """P times V's scales, in the dot's dtype, and its products with V's zero points (float32),
+    whose sums are taken off the output once, after the loop."""
+    p_dot = (p * gl.expand_dims((v_bits & -16).to(gl.float32, bitcast=True), 1)).to(DOT_DTYPE)
+    v_zero = ((v_bits & 0xF) + CODE_BIAS).to(gl.float32)
+    return p_dot, p_dot.to(gl.float32) * gl.expand_dims(v_zero, 1)
+
+
+@gluon.jit
+def _p_operand(p_dot, B_OP: gl.constexpr):
+    """P^T of the first RO rows as the output dot's second operand: already where it sits (a
+    register's two tokens, a lane's row)."""
+    return gl.convert_layout(gl.permute(_first_rows(p_dot), [0, 2, 1]), B_OP)
+
+
 @gluon.jit(do_not_specialize=("num_actual_tokens", "num_splits", "stride_ml_t", "stride_ml_h"))
 def _int4_decode_kernel(
     q_ptr, kv_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
@@ -109,7 +143,7 @@ def _int4_decode_kernel(
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_slot, stride_table_r,
     stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
     HEAD_SIZE: gl.constexpr, GROUP: gl.constexpr, SPLIT: gl.constexpr, DOT_DTYPE: gl.constexpr,
-    WIDE_OFFSETS: gl.constexpr, PREFETCH: gl.constexpr,
+    WIDE_OFFSETS: gl.constexpr, PREFETCH: gl.constexpr, STEP: gl.constexpr,
     MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr, K_WORDS: gl.constexpr, V_WORDS: gl.constexpr,
     Q_EARLY: gl.constexpr, Q_LATE: gl.constexpr, O_EARLY: gl.constexpr, O_LATE: gl.constexpr,
 ):
@@ -193,6 +227,11 @@ def _int4_decode_kernel(
                            WIDE_OFFSETS)
     ss, ok_s = _tile_slots(tile_start, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
                            WIDE_OFFSETS)
+    if STEP == 2:  # the step's second tile (PREFETCH 0 only)
+        sk2, ok_k2 = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
+                                 WIDE_OFFSETS)
+        ss2, ok_s2 = _tile_slots(tile_start + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
+                                 WIDE_OFFSETS)
     if PREFETCH > 0:
         k_words, v_words, k_bits, v_bits = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D,
                                                        K_WORDS, V_WORDS)
@@ -209,10 +248,17 @@ def _int4_decode_kernel(
                                WIDE_OFFSETS)
         ss, ok_s = _tile_slots(tile_start + PREFETCH, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
                                WIDE_OFFSETS)
-    for tile in range(tile_start, tile_end):
+    for tile in range(tile_start, tile_end, STEP):
         if PREFETCH == 0:  # the tile's own codes, its slots loaded a tile ahead
             k_cur, v_cur, kb_cur, vb_cur = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot, D,
                                                        K_WORDS, V_WORDS)
+            if STEP == 2:  # and the next tile's, in flight together; its slots a step ahead too
+                k_two, v_two, kb_two, vb_two = _tile_codes(sk2, ok_k2, ss2, ok_s2, head_ptr, stride_slot,
+                                                           D, K_WORDS, V_WORDS)
+                sk2, ok_k2 = _tile_slots(tile + 3, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
+                                         WIDE_OFFSETS)
+                ss2, ok_s2 = _tile_slots(tile + 3, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
+                                         WIDE_OFFSETS)
         else:
             k_cur = k_words
             v_cur = v_words
@@ -225,32 +271,35 @@ def _int4_decode_kernel(
             else:
                 k_words, v_words, k_bits, v_bits = _tile_codes(sk, ok_k, ss, ok_s, head_ptr, stride_slot,
                                                                D, K_WORDS, V_WORDS)
-        sk, ok_k = _tile_slots(tile + PREFETCH + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
-                           WIDE_OFFSETS)
-        ss, ok_s = _tile_slots(tile + PREFETCH + 1, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
-                           WIDE_OFFSETS)
+        sk, ok_k = _tile_slots(tile + PREFETCH + STEP, tile_end, slot_row_ptr, seq_len, W, TN, L_KS,
+                               WIDE_OFFSETS)
+        ss, ok_s = _tile_slots(tile + PREFETCH + STEP, tile_end, slot_row_ptr, seq_len, W, TN, L_TOK,
+                               WIDE_OFFSETS)
 
-        s = mma_v2(q_op, _k_operand(k_cur, DOT_DTYPE, BIAS, B_OP), gl.zeros([W, R, TN], gl.float32, MMA))
-        k_zero = ((kb_cur & 0xF) + CODE_BIAS).to(gl.float32)
-        s = s - gl.expand_dims(q_sum, 2) * gl.expand_dims(k_zero, 1)
-        s = s * gl.expand_dims((kb_cur & -16).to(gl.float32, bitcast=True) * qk_scale, 1)
-        pos = _token_index(tile, W, TN, L_TOK)
-        visible = gl.expand_dims(pos < seq_len, 1) & (gl.expand_dims(pos, 1) <= gl.expand_dims(q_abs_pos, 2))
-        s = gl.where(visible, s, float("-inf"))
+        s = _scores(q_op, q_sum, k_cur, kb_cur, tile, tile_end, seq_len, q_abs_pos, qk_scale, DOT_DTYPE, BIAS,
+                    CODE_BIAS, W, R, TN, MMA, B_OP, L_TOK)
         m_new = gl.maximum(m_i, gl.max(s, 2))
+        if STEP == 2:  # one softmax update for both tiles: half the rescales and row reductions
+            s_two = _scores(q_op, q_sum, k_two, kb_two, tile + 1, tile_end, seq_len, q_abs_pos, qk_scale,
+                            DOT_DTYPE, BIAS, CODE_BIAS, W, R, TN, MMA, B_OP, L_TOK)
+            m_new = gl.maximum(m_new, gl.max(s_two, 2))
         m_safe = gl.where(m_new > float("-inf"), m_new, 0.0)
         p = gl.exp2(s - gl.expand_dims(m_safe, 2))
         alpha = gl.exp2(m_i - m_safe)
         alpha3 = gl.expand_dims(alpha, 2)
         p_sums = p_sums * alpha3 + p
-        p_dot = (p * gl.expand_dims((vb_cur & -16).to(gl.float32, bitcast=True), 1)).to(DOT_DTYPE)
-        v_zero = ((vb_cur & 0xF) + CODE_BIAS).to(gl.float32)
-        z_sums = z_sums * alpha3 + p_dot.to(gl.float32) * gl.expand_dims(v_zero, 1)
-        # P^T of the first RO rows is already where the dot's second operand is (a register's two
-        # tokens, a lane's row); alpha moves to acc^T's columns by shuffles within the warp.
-        p_t = gl.convert_layout(gl.permute(_first_rows(p_dot), [0, 2, 1]), B_OP)
+        p_dot, z = _weighted(p, vb_cur, DOT_DTYPE, CODE_BIAS)
+        z_sums = z_sums * alpha3 + z
+        p_t = _p_operand(p_dot, B_OP)
+        # alpha moves to acc^T's columns by shuffles within the warp.
         alpha_t = gl.expand_dims(gl.convert_layout(_first_rows(alpha), L_ACC_ROW), 1)
         acc = mma_v2(_v_operand(v_cur, DOT_DTYPE, BIAS, A_OP), p_t, acc * alpha_t)
+        if STEP == 2:
+            p = gl.exp2(s_two - gl.expand_dims(m_safe, 2))
+            p_dot, z = _weighted(p, vb_two, DOT_DTYPE, CODE_BIAS)
+            p_sums = p_sums + p
+            z_sums = z_sums + z
+            acc = mma_v2(_v_operand(v_two, DOT_DTYPE, BIAS, A_OP), _p_operand(p_dot, B_OP), acc)
         m_i = m_new
 
     # The warps' partials, combined once: [W, D, RO] -> [RO, D].
@@ -296,6 +345,9 @@ NUM_WARPS = 4
 # loads its own codes (only its slots a tile ahead): 127 registers unsplit, four programs an SM
 # (sm_90 build), so the latency is left to the other warps; scripts/gpu/gluon_int4.py times it.
 PREFETCH: int | None = None
+# KV tiles a softmax update takes: 2 (with PREFETCH 0 only) loads both tiles' codes at once and
+# halves the rescales and row reductions; timed by scripts/gpu/gluon_int4.py, not served yet.
+TILES_A_STEP = 1
 _launch = CompiledLaunch(_int4_decode_kernel)
 
 
@@ -374,8 +426,10 @@ def decode_launch(query: Tensor, cache, slot_table: Tensor, query_start_loc: Ten
     tensors = (query, k, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws, signs)
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1), k.stride(0),
                slot_table.stride(0), *ws_strides)
-    constexprs = (head_size, group, num_splits > 1, dot, wide,
-                  prefetch_for(num_requests * num_kv_heads * num_splits, query.device))
+    prefetch = prefetch_for(num_requests * num_kv_heads * num_splits, query.device)
+    if TILES_A_STEP == 2 and prefetch != 0:
+        raise ValueError("int4 decode: two tiles a step load their own codes (PREFETCH 0)")
+    constexprs = (head_size, group, num_splits > 1, dot, wide, prefetch, TILES_A_STEP)
     args = (*tensors, float(scale) / head_size * _LOG2_E, row_limit, num_splits, *strides, *constexprs,
             *_layouts(NUM_WARPS, head_size))
     key = (query.device.index, tensor_key(tensors), strides[:-2], constexprs, NUM_WARPS)
