@@ -150,7 +150,8 @@ def build_gluon(ptrs: dict, const: dict, num_warps: int):
                 aligned.append(i)  # 8 KV heads of 34-word records: 272 words a slot
     src = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                          attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    return triton.compile(src, target=TARGET, options={"num_warps": num_warps})
+    options = gd.launch_options(const.get("STEP", 1)) | {"num_warps": num_warps}
+    return triton.compile(src, target=TARGET, options=options)
 
 
 def _launches(name: str, ptrs: dict, const: dict, tiles: TileConfig) -> list:

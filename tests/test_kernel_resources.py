@@ -40,12 +40,12 @@ CEILINGS = {
     # (PREFETCH 2) and no stack, split or not; one tile (pf1, the larger batches) in 167, three
     # programs an SM (gluon_int4_decode.prefetch_for); none (pf0, timed by the GPU benchmark, not
     # served yet) in 128 or fewer unsplit, four an SM; two tiles a softmax update (pf0 x2, timed,
-    # not served) in 180: two an SM.
+    # not served) capped at 168 (gluon_int4_decode.launch_options) with no stack: three an SM.
     "mixed long int4": (255, 16), "mixed long int4 split": (244, 0),
     "gluon decode int4": (227, 0), "gluon decode int4 split": (227, 0),
     "gluon decode int4 pf1": (167, 0), "gluon decode int4 pf1 split": (167, 0),
     "gluon decode int4 pf0": (128, 0), "gluon decode int4 pf0 split": (152, 0),
-    "gluon decode int4 pf0 x2": (180, 0), "gluon decode int4 pf0 x2 split": (180, 0),
+    "gluon decode int4 pf0 x2": (168, 0), "gluon decode int4 pf0 x2 split": (168, 0),
     "gluon decode int4 d64": (128, 0), "gluon decode int4 d64 split": (134, 0),
     # A float32 model at head 256: correct first (its 128-token tiles needed 288 KiB of shared
     # memory and failed to launch on the H200); the spills are that rare shape's cost.

@@ -348,6 +348,12 @@ PREFETCH: int | None = None
 # KV tiles a softmax update takes: 2 (with PREFETCH 0 only) loads both tiles' codes at once and
 # halves the rescales and row reductions; timed by scripts/gpu/gluon_int4.py, not served yet.
 TILES_A_STEP = 1
+
+
+def launch_options(tiles_a_step: int) -> dict:
+    """Compile options: two tiles a step are capped at 168 registers (180 uncapped, two programs
+    an SM), three programs an SM; the sm_90 build spills nothing (scripts/kernel_resources.py)."""
+    return {"num_warps": NUM_WARPS} | ({"maxnreg": 168} if tiles_a_step == 2 else {})
 _launch = CompiledLaunch(_int4_decode_kernel)
 
 
@@ -433,4 +439,4 @@ def decode_launch(query: Tensor, cache, slot_table: Tensor, query_start_loc: Ten
     args = (*tensors, float(scale) / head_size * _LOG2_E, row_limit, num_splits, *strides, *constexprs,
             *_layouts(NUM_WARPS, head_size))
     key = (query.device.index, tensor_key(tensors), strides[:-2], constexprs, NUM_WARPS)
-    return _launch, (num_requests, num_kv_heads, num_splits), args, key, {"num_warps": NUM_WARPS}
+    return _launch, (num_requests, num_kv_heads, num_splits), args, key, launch_options(TILES_A_STEP)
