@@ -3,7 +3,7 @@ weights, bf16), every engine through the engine harness in a process of its own;
 jobs and summary are kit/e2e.py's (greedy agreement, compute-bound and KV-bound throughput).
 
 usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile] [--shared-prefix [N]]
-                                 [--no-tiles]
+                                 [--no-tiles] [--repeats N]
 """
 
 from __future__ import annotations
@@ -23,13 +23,16 @@ def main() -> None:
                    help="the tight job's requests share one N-token system prompt (200 if N is left out)")
     p.add_argument("--no-tiles", action="store_true",
                    help="skip Proxima's untimed pass counting contiguous KV tiles")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="time each throughput burst N times in one engine (prefix cache reset between): "
+                        "every run's tok/s and their median")
     args = p.parse_args()
     from kit import e2e
 
     only = set(args.only.split(",")) if args.only else None
     if only and only - set(e2e.ENGINES):
         p.error(f"unknown engines: {', '.join(sorted(only - set(e2e.ENGINES)))}")
-    e2e.run(args.model, args.out, only, args.profile, args.shared_prefix, not args.no_tiles)
+    e2e.run(args.model, args.out, only, args.profile, args.shared_prefix, not args.no_tiles, args.repeats)
 
 
 if __name__ == "__main__":

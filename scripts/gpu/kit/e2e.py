@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -146,8 +147,13 @@ def workload(job_name: str, shared_prefix: int):
                    for _ in range(n)]
 
 
-def job(model: str, name: str, profile: bool = False, shared_prefix: int = 0, tiles: bool = True) -> dict:
-    """One engine's jobs (run in a process of its own: see `run`)."""
+def job(model: str, name: str, profile: bool = False, shared_prefix: int = 0, tiles: bool = True,
+        repeats: int = 1) -> dict:
+    """One engine's jobs (run in a process of its own: see `run`). ``repeats`` > 1 times a throughput
+    job's burst that many times in this engine, each from the same cache state (prefix cache reset,
+    the warm-up again): its figures are the first run's, with every run's tok/s and their median
+    (a burst of 512 short chats lasts 4-6 s on an H200, and its tok/s moves by up to 20% between
+    runs; init takes 15-60 s, so a repeat is the cheap way to steady it)."""
     from vllm import SamplingParams
 
     proxima, backend, _, jobs = ENGINES[name]
@@ -169,14 +175,23 @@ def job(model: str, name: str, profile: bool = False, shared_prefix: int = 0, ti
                                     for o in outs]
                 continue
             n, ps, sp = workload(job_name, shared_prefix)
-            llm.generate(ps[:8], sp[:8] if isinstance(sp, list) else sp, use_tqdm=False)  # warm-up
-            recorder.reset()
-            if timer is not None:
-                timer.reset()
-            t = time.perf_counter()
-            outs = llm.generate(ps, sp, use_tqdm=False)
-            wall = time.perf_counter() - t
-            result[job_name] = throughput(recorder, outs, n, wall)
+            runs = []
+            for i in range(repeats):
+                if i:
+                    llm.reset_prefix_cache()
+                llm.generate(ps[:8], sp[:8] if isinstance(sp, list) else sp, use_tqdm=False)  # warm-up
+                recorder.reset()
+                if timer is not None:
+                    timer.reset()
+                t = time.perf_counter()
+                outs = llm.generate(ps, sp, use_tqdm=False)
+                wall = time.perf_counter() - t
+                runs.append(throughput(recorder, outs, n, wall))
+            result[job_name] = runs[0]
+            if repeats > 1:
+                result[job_name]["repeat_tok_s"] = [r["output_tok_s"] for r in runs]
+                result[job_name]["repeat_running_mean"] = [r["running_mean"] for r in runs]
+                result[job_name]["output_tok_s_median"] = statistics.median(r["output_tok_s"] for r in runs)
             if timer is not None:
                 result[job_name]["host"] = timer.report(len(recorder.steps))
             if proxima is True and tiles:  # the same workload again, untimed, reading each step's slot lists
@@ -230,7 +245,7 @@ def throughput(recorder, outs, requests: int, wall: float) -> dict:
 
 
 def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_prefix: int,
-        tiles: bool = True) -> None:
+        tiles: bool = True, repeats: int = 1) -> None:
     """Every engine (or those in `only`) in a fresh process, one after the other; then the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if not only or only & SEEDED:
@@ -242,7 +257,8 @@ def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_
         log.unlink(missing_ok=True)
         t = time.perf_counter()
         try:
-            result = run_isolated(job, model, name, profile, shared_prefix, tiles, timeout=300, log_path=log)
+            result = run_isolated(job, model, name, profile, shared_prefix, tiles, repeats, timeout=300,
+                                  log_path=log)
         except EngineProcessError as err:
             print(f"{name}: failed in {time.perf_counter() - t:.0f}s\n{str(err)[-3000:]}", flush=True)
             continue

@@ -56,6 +56,11 @@ def summarize_throughput(res: dict) -> None:
                          "steps  " if "waiting_steps" in j else "") +
                       f"preemptions {j['preemptions']:>5}  wall {j['wall_s']:.1f}s "
                       f"init {r['init_s']:.0f}s  wrapper steps {j.get('wrapper_steps')}{extra}")
+                if "repeat_tok_s" in j:
+                    print(f"{'':>6} {name:<16} tok/s of {len(j['repeat_tok_s'])} runs "
+                          + " ".join(f"{t:.0f}" for t in j["repeat_tok_s"])
+                          + f"  median {j['output_tok_s_median']:.0f}  running mean "
+                          + " ".join(f"{m:.1f}" for m in j["repeat_running_mean"]))
                 summarize_profile(j)
 
 
