@@ -115,8 +115,8 @@ def test_gluon_int4_decode_source_matches_float64_on_cpu(heads, head_size, dtype
 
 def test_gluon_int4_decode_prefetches_deeper_unless_three_programs_an_sm_take_fewer_waves(monkeypatch):
     """Two tiles in flight (two programs an SM) unless one tile (three an SM) runs the launch in
-    fewer waves (each 1.1 times the cost); a forced depth wins; the warm-up compiles every depth
-    a launch may take."""
+    fewer waves (each 1.1 times the cost); a forced depth wins, and two tiles a step take none;
+    the warm-up compiles every depth a launch may take."""
     from proxima.engine.attention import gluon_int4_decode as gd
 
     monkeypatch.setattr(gd, "PREFETCH", None)
@@ -126,6 +126,8 @@ def test_gluon_int4_decode_prefetches_deeper_unless_three_programs_an_sm_take_fe
     assert gd.prefetch_choices() == (1, 2)
     monkeypatch.setattr(gd, "PREFETCH", 2)
     assert gd.prefetch_for(1024, cpu) == 2 and gd.prefetch_choices() == (2,)
+    monkeypatch.setattr(gd, "TILES_A_STEP", 2)  # two tiles a step load their own codes
+    assert gd.prefetch_for(1024, cpu) == 0 and gd.prefetch_choices() == (0,)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="Gluon kernels run compiled, on the GPU only")

@@ -345,16 +345,17 @@ NUM_WARPS = 4
 # loads its own codes (only its slots a tile ahead): 127 registers unsplit, four programs an SM
 # (sm_90 build), so the latency is left to the other warps; scripts/gpu/gluon_int4.py times it.
 PREFETCH: int | None = None
-# KV tiles a softmax update takes: 2 (with PREFETCH 0 only) loads both tiles' codes at once and
-# halves the rescales and row reductions; timed by scripts/gpu/gluon_int4.py, not served yet.
+# KV tiles a softmax update takes: 2 loads both tiles' codes at once (its own loads: PREFETCH 0,
+# whatever PREFETCH says) and halves the rescales and row reductions; timed by
+# scripts/gpu/gluon_int4.py, not served yet.
 TILES_A_STEP = 1
+_launch = CompiledLaunch(_int4_decode_kernel)
 
 
 def launch_options(tiles_a_step: int) -> dict:
     """Compile options: two tiles a step are capped at 168 registers (180 uncapped, two programs
     an SM), three programs an SM; the sm_90 build spills nothing (scripts/kernel_resources.py)."""
     return {"num_warps": NUM_WARPS} | ({"maxnreg": 168} if tiles_a_step == 2 else {})
-_launch = CompiledLaunch(_int4_decode_kernel)
 
 
 # A wave of one-tile programs (three an SM) against one of two-tile programs (two an SM): H200,
@@ -369,7 +370,9 @@ def prefetch_for(programs: int, device: torch.device) -> int:
     whole) times a wave's cost. Past one wave of two an SM the third program mostly wins (H200,
     graph replay: 46 x 300, 368 programs, 25.0 us against 33.4; 128 x 4,096 292.9 against 354.7);
     where both take the same waves, the deeper pipeline does (64 x 4,096, 512 programs: 182.9
-    against 187.7; 8 x 32,768: 169.2 against 193.9)."""
+    against 187.7; 8 x 32,768: 169.2 against 193.9). Two tiles a step load their own: 0."""
+    if TILES_A_STEP == 2:
+        return 0
     if PREFETCH is not None:
         return PREFETCH
     sms = _multiprocessors(device)
@@ -379,6 +382,8 @@ def prefetch_for(programs: int, device: torch.device) -> int:
 
 def prefetch_choices() -> tuple[int, ...]:
     """The prefetch depths launches may take (the warm-up compiles each)."""
+    if TILES_A_STEP == 2:
+        return (0,)
     return (PREFETCH,) if PREFETCH is not None else (1, 2)
 
 
@@ -432,10 +437,8 @@ def decode_launch(query: Tensor, cache, slot_table: Tensor, query_start_loc: Ten
     tensors = (query, k, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws, signs)
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1), k.stride(0),
                slot_table.stride(0), *ws_strides)
-    prefetch = prefetch_for(num_requests * num_kv_heads * num_splits, query.device)
-    if TILES_A_STEP == 2 and prefetch != 0:
-        raise ValueError("int4 decode: two tiles a step load their own codes (PREFETCH 0)")
-    constexprs = (head_size, group, num_splits > 1, dot, wide, prefetch, TILES_A_STEP)
+    constexprs = (head_size, group, num_splits > 1, dot, wide,
+                  prefetch_for(num_requests * num_kv_heads * num_splits, query.device), TILES_A_STEP)
     args = (*tensors, float(scale) / head_size * _LOG2_E, row_limit, num_splits, *strides, *constexprs,
             *_layouts(NUM_WARPS, head_size))
     key = (query.device.index, tensor_key(tensors), strides[:-2], constexprs, NUM_WARPS)
