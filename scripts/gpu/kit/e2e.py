@@ -151,9 +151,10 @@ def job(model: str, name: str, profile: bool = False, shared_prefix: int = 0, ti
         repeats: int = 1) -> dict:
     """One engine's jobs (run in a process of its own: see `run`). ``repeats`` > 1 times a throughput
     job's burst that many times in this engine, each from the same cache state (prefix cache reset,
-    the warm-up again): its figures are the first run's, with every run's tok/s and their median
-    (a burst of 512 short chats lasts 4-6 s on an H200, and its tok/s moves by up to 20% between
-    runs; init takes 15-60 s, so a repeat is the cheap way to steady it)."""
+    the warm-up again): its figures are the first run's, with every run's tok/s and their median.
+    A burst of 512 short chats lasts 4-6 s on an H200 and stock int4 gave 5,418 and 6,650 tok/s in
+    two runs of one pair, while an engine starts in 15-80 s (docs/results/h200-2026-12-05b,
+    -12-06): repeats are the cheap way to steady a pair."""
     from vllm import SamplingParams
 
     proxima, backend, _, jobs = ENGINES[name]
