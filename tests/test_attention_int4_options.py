@@ -4,7 +4,9 @@
 - ``INT4_ROTATION``: queries and accumulators rotated by float32 butterflies (``triton_int4._fwht``,
   served) or by dots with vLLM's Hadamard matrix (split in halves past 128 columns; kept for the
   GPU's A/B), decode and prefill tiles alike;
-- ``INT4_PREFETCH``: decode tiles' loads pipelined in registers, which must change no bit."""
+- ``INT4_PREFETCH``: decode tiles' loads pipelined in registers, which must change no bit;
+- ``INT4_DECODE``: the kernel that attends decodes, set by PROXIMA_INT4_DECODE as an engine's int4
+  layers are built (not only when ``launch_args`` is first imported)."""
 
 from __future__ import annotations
 
@@ -65,3 +67,31 @@ def test_prefetched_int4_tiles_equal_the_unpipelined_ones(plan, num_splits, monk
         outputs.append(out[: b.num_queries].cpu())
     assert torch.equal(outputs[0], outputs[1])
     assert_rows(outputs[1], oracle(pb), b.num_queries, atol=1e-4, rtol=1e-4)
+
+
+def test_int4_layers_read_the_decode_kernel_switch_as_the_engine_is_built(monkeypatch):
+    """An in-process engine (proxima.harness) is built after ``launch_args`` was imported, with its
+    spec's PROXIMA_* set only then: its int4 layers must take that value. A bad value is refused
+    naming the variable and the choices; an fp8 layer leaves the switch alone."""
+    from proxima.engine.attention import launch_args
+    from proxima.engine.attention.backend import ProximaSlotAttentionImpl
+    from proxima.engine.settings import DEFAULT_INT4_DECODE, ProximaConfigError
+
+    def layer(kv_cache_dtype: str) -> ProximaSlotAttentionImpl:
+        return ProximaSlotAttentionImpl(4, 64, 0.125, 2, None, None, kv_cache_dtype)
+
+    for kernel in ("triton", "gluon"):
+        monkeypatch.setattr(launch_args, "INT4_DECODE", "other")
+        monkeypatch.setenv("PROXIMA_INT4_DECODE", kernel)
+        layer("int4_per_token_head")
+        assert launch_args.INT4_DECODE == kernel
+    monkeypatch.delenv("PROXIMA_INT4_DECODE")
+    layer("int4_per_token_head")
+    assert launch_args.INT4_DECODE == DEFAULT_INT4_DECODE
+    monkeypatch.setattr(launch_args, "INT4_DECODE", "triton")
+    monkeypatch.setenv("PROXIMA_INT4_DECODE", "gluon")
+    layer("fp8_e4m3")
+    assert launch_args.INT4_DECODE == "triton"
+    monkeypatch.setenv("PROXIMA_INT4_DECODE", "cutlass")
+    with pytest.raises(ProximaConfigError, match="PROXIMA_INT4_DECODE='cutlass'.*gluon, triton"):
+        layer("int4_per_token_head")

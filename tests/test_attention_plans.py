@@ -71,17 +71,24 @@ def test_triton_relaunch_with_new_data_matches_torch(triton_attention, triton_wr
         assert triton_attention._launch_attention._compiled and triton_write_kv._launch_write_kv._compiled
 
 
-@pytest.mark.parametrize("cache", ["float32", "int4_per_token_head"])
-def test_warm_up_compiles_every_variant_the_launches_use(monkeypatch: pytest.MonkeyPatch, cache: str) -> None:
+@pytest.mark.parametrize("cache, int4_decode", [("float32", "triton"), ("int4_per_token_head", "triton"),
+                                                ("int4_per_token_head", "gluon")],
+                         ids=["float32", "int4-triton", "int4-gluon"])
+def test_warm_up_compiles_every_variant_the_launches_use(monkeypatch: pytest.MonkeyPatch, cache: str,
+                                                         int4_decode: str) -> None:
     """The warm-up (``warmup.compile_attention_variants``, run before serving) must compile the
     variants that decode, mixed and split launches then use; int4 caches take tiles of their own
-    (``planning.cache_tiles``). A variant is what Triton compiles per key: the tensors' dtypes and
+    (``planning.cache_tiles``), and their decodes the Gluon kernel where it serves (its plans hold
+    one more launch). A variant is what Triton compiles per key: the tensors' dtypes and
     alignment, the constexprs and the launch options. Nothing is compiled or launched here: both
     are recorded, and the GPU's SM count is given so that small batches split."""
+    from proxima.engine.attention import gluon_int4_decode, launch_args, warmup
     from proxima.engine.attention import triton_attention as ta
-    from proxima.engine.attention import warmup
     from proxima.engine.attention.kernel_launch import CompiledLaunch
     from tests.test_attention_per_token_head import pth_batch
+
+    monkeypatch.setattr(launch_args, "INT4_DECODE", int4_decode)
+    monkeypatch.setattr(gluon_int4_decode, "runs_on", lambda device: True)  # launches are recorded only
 
     compiled: set = set()
     launched: set = set()
@@ -108,7 +115,9 @@ def test_warm_up_compiles_every_variant_the_launches_use(monkeypatch: pytest.Mon
             b = make_batch(requests, 8, 2, 64, seed=len(requests))
             scales = None
         else:
-            pb = pth_batch(requests, (8, 2), 64, cache, seed=len(requests))
+            # The Gluon kernel takes bf16/fp16 queries only (gluon_int4_decode.serves).
+            dtype = torch.bfloat16 if int4_decode == "gluon" else torch.float32
+            pb = pth_batch(requests, (8, 2), 64, cache, seed=len(requests), dtype=dtype)
             b, scales = pb.batch, pb.cache
         table = torch.full((b.slot_table.shape[0], width), 0, dtype=torch.int32, device=DEVICE)
         table[:, : b.slot_table.shape[1]] = b.slot_table  # one width: the warm-up plans from it
@@ -121,6 +130,8 @@ def test_warm_up_compiles_every_variant_the_launches_use(monkeypatch: pytest.Mon
     splits = {v for v in launched if v[0] == id(ta._launch_attention) and v[2][0][11]}  # SPLIT
     assert splits and launched, "the cases must launch split and unsplit variants"
     assert launched <= compiled, f"launched but never warmed up: {launched - compiled}"
+    gluon = {v for v in launched if v[0] == id(gluon_int4_decode._launch)}
+    assert bool(gluon) == (int4_decode == "gluon"), "int4 decodes take the Gluon kernel where it serves"
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])

@@ -30,6 +30,10 @@ DEFAULT_IDLE_TRIM_S = 1.0
 # "off" keeps CPU decodes on the torch path instead of the compiled in-place kernel
 # (attention/slot_decode_cpu.py): for an A/B of the two, or where no C++ compiler is wanted.
 CPU_KERNEL_ENV = "PROXIMA_CPU_KERNEL"
+# Which kernel attends an int4 cache's decodes (attention/launch_args.INT4_DECODE).
+INT4_DECODE_ENV = "PROXIMA_INT4_DECODE"
+INT4_DECODE_KERNELS = ("gluon", "triton")
+DEFAULT_INT4_DECODE = "triton"
 
 
 class ProximaConfigError(ValueError):
@@ -63,6 +67,15 @@ class ProximaSettings:
             )
         return cls(allocator=value, telemetry=telemetry, telemetry_interval_s=telemetry_interval_from_env(),
                    exact_kv_figures=figures == "exact", idle_trim_s=idle_trim_from_env())
+
+
+def int4_decode_from_env() -> str:
+    """`INT4_DECODE_ENV`'s kernel (unset: `DEFAULT_INT4_DECODE`), or a one-line ProximaConfigError."""
+    value = os.environ.get(INT4_DECODE_ENV, "").strip().lower() or DEFAULT_INT4_DECODE
+    if value not in INT4_DECODE_KERNELS:
+        raise ProximaConfigError(f"{INT4_DECODE_ENV}={value!r} is not an int4 decode kernel; use one of "
+                                 f"{', '.join(INT4_DECODE_KERNELS)} (or leave it unset)")
+    return value
 
 
 def telemetry_interval_from_env() -> float:

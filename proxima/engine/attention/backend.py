@@ -37,11 +37,12 @@ from vllm.v1.attention.backend import (
 )
 
 from proxima.engine import heap_trim
-from proxima.engine.attention import per_token_head, vllm_cpu_kernel
+from proxima.engine.attention import launch_args, per_token_head, vllm_cpu_kernel
 from proxima.engine.attention.per_token_head import PTH_FORMATS, PTHCache, pth_format
 from proxima.engine.attention.quant import FP8_KV_DTYPES, KVScales, storage_dtype
 from proxima.engine.attention.reference import slot_attention_torch
 from proxima.engine.attention.slot_rows import write_kv
+from proxima.engine.settings import int4_decode_from_env
 
 # vLLM looks the name up in its backend enum: CUSTOM is the slot for third-party backends.
 BACKEND_NAME = "CUSTOM"
@@ -202,6 +203,9 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         self.kv_cache_dtype = kv_cache_dtype
         self.fp8_dtype = storage_dtype(kv_cache_dtype)  # None: K/V stored in the model dtype
         self.pth_fmt = pth_format(kv_cache_dtype)  # None: not a per-token-head cache
+        if self.pth_fmt is not None and self.pth_fmt.packed:
+            # This engine's switch, read as it is built: launch_args may have been imported earlier.
+            launch_args.INT4_DECODE = int4_decode_from_env()
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self._kv_views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._pth: PTHCache | None = None

@@ -7,7 +7,6 @@ is valid inside a CUDA-graph capture.
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
 import torch
@@ -17,6 +16,7 @@ from torch import Tensor
 
 from proxima.engine.attention.per_token_head import PTHCache, rht_matrices
 from proxima.engine.attention.quant import KVScales
+from proxima.engine.settings import int4_decode_from_env
 
 
 @triton.jit
@@ -55,12 +55,11 @@ INT4_ROTATION = "butterfly"
 INT4_PREFETCH = True
 # Which kernel attends an int4 launch's decodes (requests of at most 8 rows: queries x GQA group):
 # "gluon" (gluon_int4_decode, where it serves the shapes) or "triton" (the unified kernel's short
-# tiles). "triton" until the Gluon kernel has been run on a GPU (docs/benchmarks.md, issue 25);
-# PROXIMA_INT4_DECODE sets it for a whole server (scripts/gpu/e2e.py's engines), the benchmarks
+# tiles); the default and why: settings.DEFAULT_INT4_DECODE. PROXIMA_INT4_DECODE sets it for a whole
+# server: read here and again by each int4 attention layer as its engine is built (backend.py), so
+# that an in-process engine takes its spec's value, whatever was imported before; the benchmarks
 # set it per call.
-INT4_DECODE = os.environ.get("PROXIMA_INT4_DECODE", "triton")
-if INT4_DECODE not in ("gluon", "triton"):
-    raise ValueError(f"PROXIMA_INT4_DECODE={INT4_DECODE!r}: use 'gluon' or 'triton' (or leave it unset)")
+INT4_DECODE = int4_decode_from_env()
 
 
 def code_args(

@@ -67,7 +67,7 @@ def compile_attention_variants(
     tiles = cache_tiles(group, padded, query.dtype.itemsize, 1, int4_codes)
     splits = 4
     while splits <= triton.next_power_of_2(max_splits):
-        _, (launch, grid, args, key, options) = plan(tiles, splits)
+        launch, grid, args, key, options = plan(tiles, splits)[-1]  # the merge: a plan's last launch
         count += launch.compile(grid, args, key, **options)
         splits *= 2
     return count

@@ -118,11 +118,17 @@ def engine_spec(model: str, name: str) -> EngineSpec:
                        block_size=None if proxima is True else 16, **graphs)
     variant = "token" if proxima is True else proxima or "stock"
     # One client measuring the allocator: token-exact hit figures. The harness sets the caller's
-    # PROXIMA_* aside while an engine is built: the int4 decode kernel's switch is passed on.
-    env = {"PROXIMA_KV_FIGURES": "exact"}
-    if os.environ.get("PROXIMA_INT4_DECODE"):
-        env["PROXIMA_INT4_DECODE"] = os.environ["PROXIMA_INT4_DECODE"]
-    return EngineSpec(model, variant, flags, env=env)
+    # PROXIMA_* aside while an engine is built: the int4 decode kernel's switch is passed on (below).
+    return EngineSpec(model, variant, flags, env={"PROXIMA_KV_FIGURES": "exact", **passed_switches()})
+
+
+# The caller's switches an engine takes. The job process starts without the caller's PROXIMA_*
+# (proxima.harness.process), so `run` hands these to it, and `engine_spec` (run there) on.
+PASSED_SWITCHES = ("PROXIMA_INT4_DECODE",)
+
+
+def passed_switches() -> dict[str, str]:
+    return {k: os.environ[k] for k in PASSED_SWITCHES if os.environ.get(k)}
 
 
 def prompts(n: int, seed: int, lo: int, hi: int) -> list[str]:
@@ -162,6 +168,11 @@ def job(model: str, name: str, profile: bool = False, shared_prefix: int = 0, ti
     t0 = time.perf_counter()
     with open_engine(engine_spec(model, name)) as engine:
         result: dict = {"engine": name, "init_s": time.perf_counter() - t0}
+        if proxima is True and kv_cache_dtype(name) == "int4_per_token_head":
+            from proxima.engine.attention import launch_args
+
+            # The switch its layers took as it was built (the Gluon kernel serves only on sm_80+ GPUs).
+            result["int4_decode_switch"] = launch_args.INT4_DECODE
         llm, recorder = engine.llm, engine.recorder
         if timer is not None:
             watch_host(timer, engine, backend)
@@ -259,9 +270,10 @@ def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_
         t = time.perf_counter()
         try:
             result = run_isolated(job, model, name, profile, shared_prefix, tiles, repeats, timeout=300,
-                                  log_path=log)
+                                  log_path=log, env=passed_switches())
         except EngineProcessError as err:
-            print(f"{name}: failed in {time.perf_counter() - t:.0f}s\n{str(err)[-3000:]}", flush=True)
+            # The error's head (the child's traceback), then the engine log's tail.
+            print(f"{name}: failed in {time.perf_counter() - t:.0f}s\n{str(err)[:8000]}", flush=True)
             continue
         write_atomic(out_dir / f"{name}.json", json.dumps(result))
         print(f"{name}: ok in {time.perf_counter() - t:.0f}s", flush=True)

@@ -55,7 +55,9 @@ def summarize_throughput(res: dict) -> None:
                       + (f"while waiting {j['running_mean_while_waiting']:>6.1f} over {j['waiting_steps']} "
                          "steps  " if "waiting_steps" in j else "") +
                       f"preemptions {j['preemptions']:>5}  wall {j['wall_s']:.1f}s "
-                      f"init {r['init_s']:.0f}s  wrapper steps {j.get('wrapper_steps')}{extra}")
+                      f"init {r['init_s']:.0f}s  wrapper steps {j.get('wrapper_steps')}{extra}"
+                      + (f"  int4 decode switch: {r['int4_decode_switch']}"
+                         if "int4_decode_switch" in r else ""))
                 if "repeat_tok_s" in j:
                     print(f"{'':>6} {name:<16} tok/s of {len(j['repeat_tok_s'])} runs "
                           + " ".join(f"{t:.0f}" for t in j["repeat_tok_s"])
