@@ -30,10 +30,12 @@ DEFAULT_IDLE_TRIM_S = 1.0
 # "off" keeps CPU decodes on the torch path instead of the compiled in-place kernel
 # (attention/slot_decode_cpu.py): for an A/B of the two, or where no C++ compiler is wanted.
 CPU_KERNEL_ENV = "PROXIMA_CPU_KERNEL"
-# Which kernel attends an int4 cache's decodes (attention/launch_args.INT4_DECODE).
+# Which kernel attends an int4 cache's decodes (attention/launch_args.INT4_DECODE). "gluon": on an
+# H100, 0.69-0.99x the Triton kernel's decode time at 15 of 16 grid points (1.04x at 1 x 2,048),
+# and the 1 GiB burst's tok/s within the Triton kernel's run-to-run spread (docs/benchmarks.md).
 INT4_DECODE_ENV = "PROXIMA_INT4_DECODE"
 INT4_DECODE_KERNELS = ("gluon", "triton")
-DEFAULT_INT4_DECODE = "triton"
+DEFAULT_INT4_DECODE = "gluon"
 
 
 class ProximaConfigError(ValueError):

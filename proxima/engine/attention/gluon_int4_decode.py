@@ -266,14 +266,14 @@ def _int4_decode_kernel(
 
 
 NUM_WARPS = 4
-# KV tiles a warp's loads run ahead of its arithmetic (1 or 2; registers hold them); None: chosen
-# per launch (prefetch_for). The benchmarks and tests force one. 0, never chosen yet: each tile
-# loads its own codes (only its slots a tile ahead): 127 registers unsplit, four programs an SM
-# (sm_90 build), so the latency is left to the other warps; scripts/gpu/gluon_int4.py times it.
+# KV tiles a warp's loads run ahead of its arithmetic (0, 1 or 2; registers hold them); None: chosen
+# per launch (prefetch_for). The benchmarks and tests force one. 0: each tile loads its own codes
+# (only its slots a tile ahead): 127 registers unsplit, four programs an SM (sm_90 build), so the
+# latency is left to the other warps.
 PREFETCH: int | None = None
 # KV tiles a softmax update takes: 2 loads both tiles' codes at once (its own loads: PREFETCH 0,
-# whatever PREFETCH says) and halves the rescales and row reductions; timed by
-# scripts/gpu/gluon_int4.py, not served yet.
+# whatever PREFETCH says) and halves the rescales and row reductions. Not served: on an H100 never
+# clearly the best depth, up to 10% slower elsewhere (docs/benchmarks.md, 2026-12-07).
 TILES_A_STEP = 1
 _launch = CompiledLaunch(_int4_decode_kernel)
 
@@ -284,33 +284,38 @@ def launch_options(tiles_a_step: int) -> dict:
     return {"num_warps": NUM_WARPS} | ({"maxnreg": 168} if tiles_a_step == 2 else {})
 
 
-# A wave of one-tile programs (three an SM) against one of two-tile programs (two an SM): H200,
-# graph replay, the same context a program: 128 x 4,096 and 128 x 8,192 1.10, 256 x 4,096 1.09,
-# 512 x 1,024 1.17 (docs/benchmarks.md, issue 25).
+# A wave's cost, in waves of two-tile programs (two an SM), where every program reads the same
+# context. One tile (three an SM), H200: 128 x 4,096 and 128 x 8,192 1.10, 256 x 4,096 1.09,
+# 512 x 1,024 1.17. None (four an SM), H100: 1.74-1.92 at 64 x 1k-8k, 128 x 1k-4k, 256 x 4k
+# (docs/benchmarks.md, issue 25).
 _SHALLOW_WAVE_COST = 1.1
+_UNPREFETCHED_WAVE_COST = 1.85
 
 
 def prefetch_for(programs: int, device: torch.device) -> int:
-    """Two tiles of loads in flight (227 registers: two programs an SM) or one (167 registers:
-    three an SM), whichever runs a launch's programs in less time: its waves (a partial one counts
-    whole) times a wave's cost. Past one wave of two an SM the third program mostly wins (H200,
-    graph replay: 46 x 300, 368 programs, 25.0 us against 33.4; 128 x 4,096 292.9 against 354.7);
-    where both take the same waves, the deeper pipeline does (64 x 4,096, 512 programs: 182.9
-    against 187.7; 8 x 32,768: 169.2 against 193.9). Two tiles a step load their own: 0."""
+    """Two tiles of loads in flight (227 registers: two programs an SM), one (167 registers: three
+    an SM) or none (127: four an SM), whichever runs a launch's programs in least time: its waves
+    (a partial one counts whole) times a wave's cost. Past one wave of two an SM the third program
+    mostly wins (H200, graph replay: 46 x 300, 368 programs, 25.0 us against 33.4; 128 x 4,096
+    292.9 against 354.7); where both take the same waves, the deeper pipeline does (64 x 4,096, 512
+    programs: 182.9 against 187.7). The fourth wins only where it saves a wave of three, at 397-528
+    programs (H100: 64 x 1,024, 512 programs, 62.5 us against 71.4; 64 x 4,096 178.1 against
+    191.4). Two tiles a step load their own: 0."""
     if TILES_A_STEP == 2:
         return 0
     if PREFETCH is not None:
         return PREFETCH
     sms = _multiprocessors(device)
-    deep, shallow = math.ceil(programs / (2 * sms)), math.ceil(programs / (3 * sms))
-    return 1 if shallow * _SHALLOW_WAVE_COST < deep else 2
+    cost = {2: math.ceil(programs / (2 * sms)), 1: math.ceil(programs / (3 * sms)) * _SHALLOW_WAVE_COST,
+            0: math.ceil(programs / (4 * sms)) * _UNPREFETCHED_WAVE_COST}
+    return min(cost, key=cost.get)  # ties: the deeper pipeline (listed first)
 
 
 def prefetch_choices() -> tuple[int, ...]:
     """The prefetch depths launches may take (the warm-up compiles each)."""
     if TILES_A_STEP == 2:
         return (0,)
-    return (PREFETCH,) if PREFETCH is not None else (1, 2)
+    return (PREFETCH,) if PREFETCH is not None else (0, 1, 2)
 
 
 @functools.cache
