@@ -57,8 +57,21 @@ def test_a_recorded_case_not_measured_fails_and_a_new_one_does_not() -> None:
     assert guard.report(guard.judge({"new case": 1.5}, {}))[1] is True
 
 
-def test_save_and_load_round_trip(tmp_path: Path) -> None:
+def test_each_device_keeps_its_own_record(tmp_path: Path) -> None:
+    """Ratios do not carry over between GPU models: a record is per device name, saving one keeps
+    the others, and a device with none gets None (the guard then fails, naming --record)."""
     path = tmp_path / "ratios.json"
-    guard.save(path, {"a": 0.9}, "H200, today")
-    assert guard.load(path) == {"a": 0.9}
+    guard.save(path, "NVIDIA H200", {"a": 0.9}, "H200, today")
+    guard.save(path, "NVIDIA H100 80GB HBM3", {"a": 0.8}, "H100, today")
+    guard.save(path, "NVIDIA H200", {"a": 0.7}, "H200, later")
+    assert guard.load(path, "NVIDIA H200") == {"a": 0.7}
+    assert guard.load(path, "NVIDIA H100 80GB HBM3") == {"a": 0.8}
+    assert guard.load(path, "NVIDIA A100-SXM4-80GB") is None
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_recorded_file_has_a_record_for_each_device_measured() -> None:
+    recorded = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "attention_ratios.json"
+    for device in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        ratios = guard.load(recorded, device)
+        assert ratios and all(0 < r < 5 for r in ratios.values()), device

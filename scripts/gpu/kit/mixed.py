@@ -146,12 +146,17 @@ def run(json_path: str | None, guard: str | None, record: str | None, include: l
         else:  # bench_fp8.py's
             run["fp8_graph_decode"] = extra["graph_decode"]
     measured = ratio_guard.ratios(run)
+    device = torch.cuda.get_device_name()
     if record:
-        where = f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}"
-        ratio_guard.save(record, measured, where)
-        print(f"\nrecorded {len(measured)} ratios in {record}")
+        ratio_guard.save(record, device, measured, f"{device}, {time.strftime('%Y-%m-%d')}")
+        print(f"\nrecorded {len(measured)} ratios for {device} in {record}")
     if guard:
-        text, passed = ratio_guard.report(ratio_guard.judge(measured, ratio_guard.load(guard)))
-        print("\nProxima/FA3 ratios against " + guard + "\n" + text)
+        recorded = ratio_guard.load(guard, device)
+        if recorded is None:
+            print(f"\nno ratios recorded for {device} in {guard}: record this run's with "
+                  f"`python3 scripts/gpu/bench_mixed.py --record {guard}` (and its --include files)")
+            return 1
+        text, passed = ratio_guard.report(ratio_guard.judge(measured, recorded))
+        print(f"\nProxima/FA3 ratios against {guard} ({device})\n{text}")
         return 0 if passed else 1
     return 0

@@ -1,7 +1,10 @@
 """The attention regression guard: Proxima/FA3 time ratios of one GPU run against recorded ones.
 
 Ratios, not times: FA3 runs in the same process on the same data, so a ratio carries over between
-H200s whose clocks differ by a few percent, where raw microseconds do not. A case regresses when
+H200s whose clocks differ by a few percent, where raw microseconds do not. It does not carry over
+between GPU models (an H100's HBM3 slows FA3's reads more than Proxima's int4 loop, which is bound
+by latency), so the file keeps one record per device name and a run is judged against its own
+device's record; a device with none fails, naming the command that records it. A case regresses when
 its ratio exceeds the recorded one by more than the tolerance (10%); a case measured now but not
 recorded is reported as new, and one recorded but missing now fails (a shape no longer measured
 is a shape no longer guarded). `scripts/gpu/bench_mixed.py --guard FILE` runs this; `--record
@@ -81,9 +84,15 @@ def report(verdicts: list[Verdict]) -> tuple[str, bool]:
     return "\n".join(lines), not failed
 
 
-def load(path: Path) -> dict[str, float]:
-    return json.loads(Path(path).read_text())["ratios"]
+def load(path: Path, device: str) -> dict[str, float] | None:
+    """The ratios recorded for `device` (torch.cuda.get_device_name()), None if it has none."""
+    record = json.loads(Path(path).read_text())["devices"].get(device)
+    return None if record is None else record["ratios"]
 
 
-def save(path: Path, measured: dict[str, float], note: str) -> None:
-    write_atomic(path, json.dumps({"note": note, "ratios": measured}, indent=1) + "\n")
+def save(path: Path, device: str, measured: dict[str, float], note: str) -> None:
+    """`device`'s record replaced by this run's ratios; other devices' records kept."""
+    path = Path(path)
+    devices = json.loads(path.read_text())["devices"] if path.exists() else {}
+    devices[device] = {"note": note, "ratios": measured}
+    write_atomic(path, json.dumps({"devices": devices}, indent=1) + "\n")
