@@ -115,7 +115,7 @@ def test_gluon_int4_decode_source_matches_float64_on_cpu(heads, head_size, dtype
 
 def test_gluon_int4_decode_prefetches_deeper_unless_more_programs_an_sm_take_fewer_waves(monkeypatch):
     """Two tiles in flight (two programs an SM) unless one tile (three an SM, each wave 1.1 times
-    the cost) or none (four an SM, 1.85 times) runs the launch in less time; a forced depth wins,
+    the cost) or none (four an SM unsplit, 1.85 times) runs the launch in less time; a forced depth wins,
     and two tiles a step take none; the warm-up compiles every depth a launch may take."""
     from proxima.engine.attention import gluon_int4_decode as gd
 
@@ -125,6 +125,8 @@ def test_gluon_int4_decode_prefetches_deeper_unless_more_programs_an_sm_take_few
     programs = (8, 264, 265, 368, 396, 397, 512, 528, 529, 792, 793, 1024, 1056, 4096)
     assert [gd.prefetch_for(n, cpu) for n in programs] == [2, 2, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1]
     assert gd.prefetch_choices() == (0, 1, 2)
+    # Split, prefetch 0 takes 152 registers: three programs an SM, no wave saved.
+    assert [gd.prefetch_for(n, cpu, split=True) for n in (396, 397, 512)] == [1, 2, 2]
     monkeypatch.setattr(gd, "PREFETCH", 2)
     assert gd.prefetch_for(1024, cpu) == 2 and gd.prefetch_choices() == (2,)
     monkeypatch.setattr(gd, "TILES_A_STEP", 2)  # two tiles a step load their own codes

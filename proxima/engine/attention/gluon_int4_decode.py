@@ -292,10 +292,11 @@ _SHALLOW_WAVE_COST = 1.1
 _UNPREFETCHED_WAVE_COST = 1.85
 
 
-def prefetch_for(programs: int, device: torch.device) -> int:
-    """Two tiles of loads in flight (227 registers: two programs an SM), one (167 registers: three
-    an SM) or none (127: four an SM), whichever runs a launch's programs in least time: its waves
-    (a partial one counts whole) times a wave's cost. Past one wave of two an SM the third program
+def prefetch_for(programs: int, device: torch.device, split: bool = False) -> int:
+    """Two tiles of loads in flight (227 registers at head 128: two programs an SM), one (167:
+    three an SM) or none (127 unsplit: four an SM; 152 split: three, so never taken split),
+    whichever runs a launch's programs in least time: its waves (a partial one counts whole) times
+    a wave's cost. Past one wave of two an SM the third program
     mostly wins (H200, graph replay: 46 x 300, 368 programs, 25.0 us against 33.4; 128 x 4,096
     292.9 against 354.7); where both take the same waves, the deeper pipeline does (64 x 4,096, 512
     programs: 182.9 against 187.7). The fourth wins only where it saves a wave of three, at 397-528
@@ -306,8 +307,9 @@ def prefetch_for(programs: int, device: torch.device) -> int:
     if PREFETCH is not None:
         return PREFETCH
     sms = _multiprocessors(device)
-    cost = {2: math.ceil(programs / (2 * sms)), 1: math.ceil(programs / (3 * sms)) * _SHALLOW_WAVE_COST,
-            0: math.ceil(programs / (4 * sms)) * _UNPREFETCHED_WAVE_COST}
+    cost = {2: math.ceil(programs / (2 * sms)), 1: math.ceil(programs / (3 * sms)) * _SHALLOW_WAVE_COST}
+    if not split:
+        cost[0] = math.ceil(programs / (4 * sms)) * _UNPREFETCHED_WAVE_COST
     return min(cost, key=cost.get)  # ties: the deeper pipeline (listed first)
 
 
@@ -369,7 +371,8 @@ def decode_launch(query: Tensor, cache, slot_table: Tensor, query_start_loc: Ten
     strides = (query.stride(0), query.stride(1), output.stride(0), output.stride(1), k.stride(0),
                slot_table.stride(0), *ws_strides)
     constexprs = (head_size, group, num_splits > 1, dot, wide,
-                  prefetch_for(num_requests * num_kv_heads * num_splits, query.device), TILES_A_STEP)
+                  prefetch_for(num_requests * num_kv_heads * num_splits, query.device, num_splits > 1),
+                  TILES_A_STEP)
     args = (*tensors, float(scale) / head_size * _LOG2_E, row_limit, num_splits, *strides, *constexprs,
             *_layouts(NUM_WARPS, head_size))
     key = (query.device.index, tensor_key(tensors), strides[:-2], constexprs, NUM_WARPS)
