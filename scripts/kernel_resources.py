@@ -108,8 +108,8 @@ def variants() -> list[tuple[str, dict, dict, TileConfig]]:
 
 def gluon_variants() -> list[tuple[str, dict, dict, int]]:
     """(name, pointer dtypes, constexprs, warps) of ``gluon_int4_decode``'s served variants: the int4
-    decode kernel, unsplit and split, at head 128 (Llama-3-8B; both prefetch depths,
-    ``prefetch_for``, and the timed candidates: prefetch 0, one tile a step or two) and 64
+    decode kernel, unsplit and split, at head 128 (Llama-3-8B; the three prefetch depths
+    ``prefetch_for`` takes, and two tiles a step, timed and not served) and 64
     (SmolLM2-135M, GQA 3)."""
     from triton.experimental.gluon import language as gl
 

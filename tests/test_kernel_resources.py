@@ -38,8 +38,8 @@ CEILINGS = {
     # The served int4 plan on the GPU: the unified kernel takes the longer queries (its decodes go
     # to the Gluon kernel below), the Gluon kernel the decodes: two tiles of loads in flight
     # (PREFETCH 2) and no stack, split or not; one tile (pf1, the larger batches) in 167, three
-    # programs an SM (gluon_int4_decode.prefetch_for); none (pf0, timed by the GPU benchmark, not
-    # served yet) in 128 or fewer unsplit, four an SM; two tiles a softmax update (pf0 x2, timed,
+    # programs an SM (gluon_int4_decode.prefetch_for); none (pf0, unsplit launches of 397-528
+    # programs) in 128 or fewer unsplit, four an SM; two tiles a softmax update (pf0 x2, timed,
     # not served) capped at 168 (gluon_int4_decode.launch_options) with no stack: three an SM.
     "mixed long int4": (255, 16), "mixed long int4 split": (244, 0),
     "gluon decode int4": (227, 0), "gluon decode int4 split": (227, 0),
