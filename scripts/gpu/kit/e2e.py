@@ -118,17 +118,12 @@ def engine_spec(model: str, name: str) -> EngineSpec:
                        block_size=None if proxima is True else 16, **graphs)
     variant = "token" if proxima is True else proxima or "stock"
     # One client measuring the allocator: token-exact hit figures. The harness sets the caller's
-    # PROXIMA_* aside while an engine is built: the int4 decode kernel's switch is passed on (below).
-    return EngineSpec(model, variant, flags, env={"PROXIMA_KV_FIGURES": "exact", **passed_switches()})
-
-
-# The caller's switches an engine takes. The job process starts without the caller's PROXIMA_*
-# (proxima.harness.process), so `run` hands these to it, and `engine_spec` (run there) on.
-PASSED_SWITCHES = ("PROXIMA_INT4_DECODE",)
-
-
-def passed_switches() -> dict[str, str]:
-    return {k: os.environ[k] for k in PASSED_SWITCHES if os.environ.get(k)}
+    # PROXIMA_* aside while an engine is built, so the int4 decode kernel's switch is carried in the
+    # spec, built in the caller's process (`run`).
+    env = {"PROXIMA_KV_FIGURES": "exact"}
+    if os.environ.get("PROXIMA_INT4_DECODE"):
+        env["PROXIMA_INT4_DECODE"] = os.environ["PROXIMA_INT4_DECODE"]
+    return EngineSpec(model, variant, flags, env=env)
 
 
 def prompts(n: int, seed: int, lo: int, hi: int) -> list[str]:
@@ -153,9 +148,10 @@ def workload(job_name: str, shared_prefix: int):
                    for _ in range(n)]
 
 
-def job(model: str, name: str, profile: bool = False, shared_prefix: int = 0, tiles: bool = True,
+def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: int = 0, tiles: bool = True,
         repeats: int = 1) -> dict:
-    """One engine's jobs (run in a process of its own: see `run`). ``repeats`` > 1 times a throughput
+    """One engine's jobs (run in a process of its own, from the spec `run` built in the caller's:
+    the job process starts without the caller's PROXIMA_*). ``repeats`` > 1 times a throughput
     job's burst that many times in this engine, each from the same cache state (prefix cache reset,
     the warm-up again): its figures are the first run's, with every run's tok/s and their median.
     A burst of 512 short chats lasts 4-6 s on an H200 and stock int4 gave 5,418 and 6,650 tok/s in
@@ -166,7 +162,7 @@ def job(model: str, name: str, profile: bool = False, shared_prefix: int = 0, ti
     proxima, backend, _, jobs = ENGINES[name]
     timer = HostTimer() if profile else None
     t0 = time.perf_counter()
-    with open_engine(engine_spec(model, name)) as engine:
+    with open_engine(spec) as engine:
         result: dict = {"engine": name, "init_s": time.perf_counter() - t0}
         if proxima is True and kv_cache_dtype(name) == "int4_per_token_head":
             from proxima.engine.attention import launch_args
@@ -269,8 +265,8 @@ def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_
         log.unlink(missing_ok=True)
         t = time.perf_counter()
         try:
-            result = run_isolated(job, model, name, profile, shared_prefix, tiles, repeats, timeout=300,
-                                  log_path=log, env=passed_switches())
+            result = run_isolated(job, engine_spec(model, name), name, profile, shared_prefix, tiles,
+                                  repeats, timeout=300, log_path=log)
         except EngineProcessError as err:
             # The error's head (the child's traceback), then the engine log's tail.
             print(f"{name}: failed in {time.perf_counter() - t:.0f}s\n{str(err)[:8000]}", flush=True)
