@@ -127,6 +127,7 @@ def test_gluon_int4_decode_prefetches_deeper_unless_more_programs_an_sm_take_few
     assert gd.prefetch_choices() == (0, 1, 2)
     # Split, prefetch 0 takes 152 registers: three programs an SM, no wave saved.
     assert [gd.prefetch_for(n, cpu, split=True) for n in (396, 397, 512)] == [1, 2, 2]
+    assert gd.prefetch_choices(split=True) == (1, 2)
     monkeypatch.setattr(gd, "PREFETCH", 2)
     assert gd.prefetch_for(1024, cpu) == 2 and gd.prefetch_choices() == (2,)
     monkeypatch.setattr(gd, "TILES_A_STEP", 2)  # two tiles a step load their own codes

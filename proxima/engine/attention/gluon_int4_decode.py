@@ -313,11 +313,13 @@ def prefetch_for(programs: int, device: torch.device, split: bool = False) -> in
     return min(cost, key=cost.get)  # ties: the deeper pipeline (listed first)
 
 
-def prefetch_choices() -> tuple[int, ...]:
-    """The prefetch depths launches may take (the warm-up compiles each)."""
+def prefetch_choices(split: bool = False) -> tuple[int, ...]:
+    """The prefetch depths launches may take, split or not (the warm-up compiles each)."""
     if TILES_A_STEP == 2:
         return (0,)
-    return (PREFETCH,) if PREFETCH is not None else (0, 1, 2)
+    if PREFETCH is not None:
+        return (PREFETCH,)
+    return (1, 2) if split else (0, 1, 2)  # as prefetch_for
 
 
 @functools.cache

@@ -58,7 +58,7 @@ def compile_attention_variants(
         max_splits = max(max_splits, min(MAX_SPLITS, kv_tiles))
         for num_splits in (1, 2):  # every split count > 1 shares one main-kernel variant
             # The int4 decode kernel's depth follows the batch (gluon_int4_decode.prefetch_for).
-            for prefetch in gluon_int4_decode.prefetch_choices():
+            for prefetch in gluon_int4_decode.prefetch_choices(num_splits > 1):
                 with _forced(gluon_int4_decode, "PREFETCH", prefetch):
                     entries = plan(tiles, num_splits)
                 for launch, grid, args, key, options in entries:
