@@ -37,7 +37,7 @@ def _sdk_point(batches: list[list[float]]):
     return point
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.lists(st.lists(VALUES, min_size=1, max_size=80), min_size=1, max_size=5))
 def test_batched_latencies_equal_the_sdk_histogram_value_by_value(batches):
     ours = LatencyHistograms("0")

@@ -293,7 +293,7 @@ class CacheMachine(RuleBasedStateMachine):
 
 
 TestCacheMachine = CacheMachine.TestCase
-TestCacheMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestCacheMachine.settings = settings(max_examples=60, stateful_step_count=40)
 
 
 @pytest.mark.parametrize("n", [1, 2, 50])

@@ -75,7 +75,7 @@ def _attack(exact: bool, guess: int, known: list[int], secret: int, rest: list[i
 
 # Fixed examples, so CI judges the code and not the draw; 5,000 random ones passed when this was
 # written (raise max_examples and drop derandomize to search again).
-@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@settings(max_examples=300, derandomize=True, database=None)
 @given(known_len=st.integers(1, 70), rest_len=st.integers(0, 40), filler_len=st.integers(1, 40),
        copied=st.integers(0, 20), victim_running=st.booleans(), seed=st.integers(0, 2**16),
        answer_len=st.integers(0, 20), probes=st.integers(1, 2))

@@ -23,7 +23,7 @@ def _histogram_samples(fill) -> dict:
             for metric in registry.collect() for s in metric.samples if not s.name.endswith("_created")}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.lists(VALUES, max_size=300))
 def test_batch_observe_equals_one_observe_per_value(values: list[float]) -> None:
     def one_by_one(h):

@@ -200,4 +200,4 @@ class AllocatorAgainstModel(RuleBasedStateMachine):
 
 
 TestAllocatorAgainstModel = AllocatorAgainstModel.TestCase
-TestAllocatorAgainstModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestAllocatorAgainstModel.settings = settings(max_examples=150, stateful_step_count=40)
