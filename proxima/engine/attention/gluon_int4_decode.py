@@ -273,7 +273,7 @@ NUM_WARPS = 4
 PREFETCH: int | None = None
 # KV tiles a softmax update takes: 2 loads both tiles' codes at once (its own loads: PREFETCH 0,
 # whatever PREFETCH says) and halves the rescales and row reductions. Not served: on an H100 never
-# clearly the best depth, up to 10% slower elsewhere (docs/benchmarks.md, 2026-12-07).
+# clearly the best depth, up to 13% slower than the best one (docs/benchmarks.md, 2026-12-07).
 TILES_A_STEP = 1
 _launch = CompiledLaunch(_int4_decode_kernel)
 
