@@ -25,7 +25,8 @@ class HostTimer:
             raise RuntimeError("HostTimer needs Python 3.12 or later (sys.monitoring); "
                                "run e2e.py --profile there, or leave --profile out")
         self._mon = monitoring
-        self._tool = next((t for t in range(monitoring.PROFILER_ID, 6)
+        # Never PROFILER_ID: cProfile claims it (host_profile runs while this timer is open).
+        self._tool = next((t for t in (3, 4, monitoring.DEBUGGER_ID, monitoring.COVERAGE_ID)
                            if monitoring.get_tool(t) is None), None)
         if self._tool is None:
             raise RuntimeError("no sys.monitoring tool id is free for the host timer")
