@@ -77,6 +77,8 @@ ENGINES = {
     # vLLM 0.26's per-token-head KV (TRITON_ATTN only on stock; it does not run eagerly): int4
     # packs two values a byte behind a Hadamard rotation, int8 one; each row has its own scale.
     "stock-triton-1g-int4": (False, "TRITON_ATTN", 1 * GiB, ["tight"]),
+    # Stock int4 with FULL graphs as well as at its default, to know which is its stronger form.
+    "stock-triton-1g-int4-full": (False, "TRITON_ATTN", 1 * GiB, ["tight"]),
     "proxima-1g-int4-full": (True, "CUSTOM", 1 * GiB, ["tight"]),
     "stock-triton-1g-int8": (False, "TRITON_ATTN", 1 * GiB, ["tight"]),
     "proxima-1g-int8-full": (True, "CUSTOM", 1 * GiB, ["tight"]),
