@@ -2,7 +2,7 @@
 weights, bf16), every engine through the engine harness in a process of its own; the engines,
 jobs and summary are kit/e2e.py's (greedy agreement, compute-bound and KV-bound throughput).
 
-usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile] [--shared-prefix [N]]
+usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile] [--shared-prefix [N[,M...]]]
                                  [--no-tiles] [--repeats N]
 """
 
@@ -12,6 +12,17 @@ import argparse
 from pathlib import Path
 
 
+def prefix_lengths(text: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give token counts separated by commas, e.g. 0,300") \
+            from None
+    if any(n < 0 for n in lengths) or len(set(lengths)) < len(lengths):
+        raise argparse.ArgumentTypeError(f"{text!r}: each length once, none negative (e.g. 0,300)")
+    return lengths
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", help="the 8B-shaped model directory (scripts/gpu/llama8b_dummy.py)")
@@ -19,8 +30,10 @@ def main() -> None:
     p.add_argument("--only", default=None, help="comma-separated engine names (kit/e2e.py ENGINES)")
     p.add_argument("--profile", action="store_true",
                    help="also time the host per step, GPU kernels by kind and the busiest host functions")
-    p.add_argument("--shared-prefix", type=int, nargs="?", const=200, default=0, metavar="N",
-                   help="the tight job's requests share one N-token system prompt (200 if N is left out)")
+    p.add_argument("--shared-prefix", type=prefix_lengths, nargs="?", const=(200,), default=(0,),
+                   metavar="N[,M...]",
+                   help="the tight job's requests share one N-token system prompt (200 if N is left out); "
+                        "0,300 runs the burst without and with one in each engine, which starts once")
     p.add_argument("--no-tiles", action="store_true",
                    help="skip Proxima's untimed pass counting contiguous KV tiles")
     p.add_argument("--repeats", type=int, default=1,

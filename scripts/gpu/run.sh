@@ -48,7 +48,7 @@ gluon-int4)  # the Gluon int4 decode kernel: its output, then its decode grid ag
   python3 -m pytest -q -p no:cacheprovider tests/test_attention_gluon_int4.py 2>&1 | tail -5 \
     | tee "$out/gluon-int4-tests.txt"
   ;;
-e2e-pth)  # the 1 GiB budget with int4 KV: Proxima vs stock int4 vs stock defaults (pass --shared-prefix 300 etc.)
+e2e-pth)  # the 1 GiB budget with int4 KV: Proxima vs stock int4 vs stock defaults (pass --shared-prefix 300, or 0,300 for both bursts in one engine)
   shift
   python3 scripts/gpu/llama8b_dummy.py /tmp/llama8b >/dev/null
   python3 scripts/gpu/e2e.py /tmp/llama8b "$out/e2e-pth" --no-tiles "$@" 2>&1 | tee -a "$out/e2e-pth.txt"

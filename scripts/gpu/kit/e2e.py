@@ -19,8 +19,10 @@ GEMM, other) against the wall time, and from a third under cProfile the host fun
 took the most time (engine core, scheduler and runner share the process).
 
 With `shared_prefix` N > 0, the tight job's requests share one N-token system prompt (user turns of
-20-100 tokens, outputs of 20-100), as chat traffic does: the prefix cache's case. `tiles` False
-skips Proxima's untimed second pass that counts contiguous KV tiles.
+20-100 tokens, outputs of 20-100), as chat traffic does: the prefix cache's case. Several values
+(0, 300) run the tight job once for each in the same engine, which starts once: its results are
+`tight` (N = 0) and `tight-shared<N>`. `tiles` False skips Proxima's untimed second pass that
+counts contiguous KV tiles.
 """
 
 from __future__ import annotations
@@ -150,8 +152,13 @@ def workload(job_name: str, shared_prefix: int):
                    for _ in range(n)]
 
 
-def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: int = 0, tiles: bool = True,
-        repeats: int = 1) -> dict:
+def tight_key(shared_prefix: int) -> str:
+    """The result key of the tight job with that shared prompt."""
+    return f"tight-shared{shared_prefix}" if shared_prefix else "tight"
+
+
+def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: int | tuple[int, ...] = 0,
+        tiles: bool = True, repeats: int = 1) -> dict:
     """One engine's jobs (run in a process of its own, from the spec `run` built in the caller's:
     the job process starts without the caller's PROXIMA_*). ``repeats`` > 1 times a throughput
     job's burst that many times in this engine, each from the same cache state (prefix cache reset,
@@ -174,7 +181,10 @@ def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: int =
         llm, recorder = engine.llm, engine.recorder
         if timer is not None:
             watch_host(timer, engine, backend)
-        for job_name in jobs:
+        prefixes = (shared_prefix,) if isinstance(shared_prefix, int) else tuple(shared_prefix)
+        burst_jobs = [(tight_key(p) if job_name == "tight" else job_name, job_name, p)
+                      for job_name in jobs for p in (prefixes if job_name == "tight" else (0,))]
+        for key, job_name, prefix in burst_jobs:
             if job_name == "greedy":
                 outs = llm.generate(prompts(64, 1, 20, 120),
                                     SamplingParams(temperature=0, max_tokens=64, logprobs=1, ignore_eos=True),
@@ -184,7 +194,7 @@ def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: int =
                                                   zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]}
                                     for o in outs]
                 continue
-            n, ps, sp = workload(job_name, shared_prefix)
+            n, ps, sp = workload(job_name, prefix)
             runs = []
             for i in range(repeats):
                 if i:
@@ -197,24 +207,24 @@ def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: int =
                 outs = llm.generate(ps, sp, use_tqdm=False)
                 wall = time.perf_counter() - t
                 runs.append(throughput(recorder, outs, n, wall))
-            result[job_name] = runs[0]
+            result[key] = runs[0]
             if repeats > 1:
-                result[job_name]["repeat_tok_s"] = [r["output_tok_s"] for r in runs]
-                result[job_name]["repeat_running_mean"] = [r["running_mean"] for r in runs]
-                result[job_name]["output_tok_s_median"] = statistics.median(r["output_tok_s"] for r in runs)
+                result[key]["repeat_tok_s"] = [r["output_tok_s"] for r in runs]
+                result[key]["repeat_running_mean"] = [r["running_mean"] for r in runs]
+                result[key]["output_tok_s_median"] = statistics.median(r["output_tok_s"] for r in runs)
             if timer is not None:
-                result[job_name]["host"] = timer.report(len(recorder.steps))
+                result[key]["host"] = timer.report(len(recorder.steps))
             if proxima is True and tiles:  # the same workload again, untimed, reading each step's slot lists
-                tiles = ContextTiles(engine)
-                with engine.listening(tiles):
+                counter = ContextTiles(engine)
+                with engine.listening(counter):
                     llm.generate(ps, sp, use_tqdm=False)
-                result[job_name].update(tiles.shares())
+                result[key].update(counter.shares())
             if profile:
                 def again(ps=ps, sp=sp):
                     return llm.generate(ps, sp, use_tqdm=False)
 
-                result[job_name]["kernels"] = kernel_profile(again)
-                result[job_name]["cprofile"] = host_profile(again)
+                result[key]["kernels"] = kernel_profile(again)
+                result[key]["cprofile"] = host_profile(again)
     if timer is not None:
         timer.close()
     return result
@@ -254,8 +264,8 @@ def throughput(recorder, outs, requests: int, wall: float) -> dict:
             "slots_total": recorder.last_kv and recorder.last_kv.slots_total}
 
 
-def run(model: str, out_dir: Path, only: set[str] | None, profile: bool, shared_prefix: int,
-        tiles: bool = True, repeats: int = 1) -> None:
+def run(model: str, out_dir: Path, only: set[str] | None, profile: bool,
+        shared_prefix: int | tuple[int, ...], tiles: bool = True, repeats: int = 1) -> None:
     """Every engine (or those in `only`) in a fresh process, one after the other; then the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if not only or only & SEEDED:

@@ -41,7 +41,8 @@ def compare_greedy(ours: str, theirs: str, a: list, b: list) -> None:
 
 
 def summarize_throughput(res: dict) -> None:
-    for job in ("ample", "tight"):
+    bursts = sorted({k for r in res.values() for k in r if k.startswith("tight")}, key=lambda k: (len(k), k))
+    for job in ("ample", *bursts):
         for name, r in res.items():
             if job in r:
                 j = r[job]
