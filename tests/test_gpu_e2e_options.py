@@ -51,4 +51,4 @@ def test_the_summary_prints_each_burst_of_each_engine(tmp_path, capsys):
                               ("tight", "stock-triton-1g-int4", "50"),
                               ("tight-shared300", "proxima-1g-int4-full", "107"),
                               ("tight-shared300", "stock-triton-1g-int4", "57")]
-    assert [w[0] for w in lines if w[0].startswith("tight")][:2] == ["tight", "tight"]  # no shared prompt first
+    assert [w[0] for w in lines if w[0].startswith("tight")][:2] == ["tight", "tight"]  # unshared first
