@@ -196,9 +196,8 @@ def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: int |
                 continue
             n, ps, sp = workload(job_name, prefix)
             runs = []
-            for i in range(repeats):
-                if i:
-                    llm.reset_prefix_cache()
+            for _ in range(repeats):
+                llm.reset_prefix_cache()  # every burst from an empty cache, the engine's second burst too
                 llm.generate(ps[:8], sp[:8] if isinstance(sp, list) else sp, use_tqdm=False)  # warm-up
                 recorder.reset()
                 if timer is not None:
