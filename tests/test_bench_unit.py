@@ -34,6 +34,7 @@ from proxima.bench.results import (
 from proxima.bench.results import TimelinePoint as Sample
 from proxima.bench.sweep import SweepParams, _LevelState
 from proxima.cli.main import app
+from proxima.serve_checks import cpu_build_of_vllm
 from proxima.server_process import free_port
 from proxima.streaming import FAILED, OK, RequestResult
 
@@ -180,6 +181,19 @@ def test_cli_option_errors(args, expected):
     result = runner.invoke(app, ["bench", *args])
     assert result.exit_code == 2, result.output
     assert expected in result.output
+
+
+@pytest.mark.skipif(not cpu_build_of_vllm(), reason="the refusal is for vLLM's CPU build")
+def test_launching_stock_with_a_kv_dtype_its_cpu_backend_cannot_serve_is_refused_before_anything(tmp_path):
+    args = ["bench", "--launch", "m", "--out", str(tmp_path / "o"), "-c", "4"]
+    for variants in ("stock,token", "block,token", "token,block"):
+        result = runner.invoke(app, [*args, "--variants", variants,
+                                     "--", "--kv-cache-dtype", "int4_per_token_head"])
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert f"--variants {variants}: --kv-cache-dtype int4_per_token_head: vLLM's CPU backend" in text
+        assert "use the token allocator" in text
+    assert not (tmp_path / "o").exists()  # nothing launched or written
 
 
 def test_percentile_matches_numpy():

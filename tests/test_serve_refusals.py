@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from proxima.serve_checks import model_problem, port_problem
+from proxima.serve_checks import cpu_build_of_vllm, kv_dtype_problem, model_problem, port_problem
 
 BOUND_S = 10.0
 
@@ -69,3 +69,29 @@ def test_model_and_port_rules(tmp_path):
     assert port_problem(["--uds", "/tmp/s"]) is None
     assert port_problem(["--port", "70000"]) == "--port 70000 is not a port number (0-65535)"
     assert "not an address of this machine" in port_problem(["--host", "192.0.2.1", "--port", "0"])
+
+
+@pytest.mark.skipif(not cpu_build_of_vllm(), reason="the refusal is for vLLM's CPU build")
+def test_a_kv_dtype_stock_attention_cannot_serve_on_cpu_is_refused_in_one_line_at_once(tiny_model):
+    # Without the check, vLLM's CPU backend fails a minute in with a tensor-shape error in its log.
+    proc, took = _serve(tiny_model, "--proxima-allocator", "block", "--kv-cache-dtype", "int4_per_token_head",
+                        "--port", "1")
+    line = _one_line(proc)
+    assert "--kv-cache-dtype int4_per_token_head: vLLM's CPU backend does not serve it" in line
+    assert "use the token allocator" in line
+    assert took < BOUND_S, took
+
+
+def test_kv_dtype_rule(monkeypatch):
+    import proxima.serve_checks as checks
+
+    monkeypatch.setattr(checks, "cpu_build_of_vllm", lambda: True)
+    for dtype in checks.STOCK_GPU_ONLY_KV_DTYPES:
+        for args in (["--kv-cache-dtype", dtype], [f"--kv-cache-dtype={dtype}"]):
+            assert dtype in kv_dtype_problem(args, "block")
+            assert dtype in kv_dtype_problem(tuple(args), "stock")
+            assert kv_dtype_problem(args, "token") is None  # token slots serve it on CPU
+    for args in ([], ["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "auto"]):
+        assert kv_dtype_problem(args, "block") is None
+    monkeypatch.setattr(checks, "cpu_build_of_vllm", lambda: False)  # a GPU build: stock serves them
+    assert kv_dtype_problem(["--kv-cache-dtype", "int4_per_token_head"], "block") is None

@@ -195,6 +195,12 @@ def _launch_plan(o: BenchOptions) -> LaunchPlan:
     names = [n or v for n, v in zip([o.label_a, o.label_b][: len(chosen)], chosen)]
     if len(set(names)) != len(names):
         raise PlanError("the two servers need different labels; pass --label-a and --label-b")
+    from proxima.serve_checks import kv_dtype_problem
+
+    for variant in chosen:  # before a server starts: stock's would fail a minute in, in its log
+        problem = kv_dtype_problem(o.vllm_args or (), variant)
+        if problem:
+            raise PlanError(f"--variants {o.variants}: {problem}")
     logs = o.log_dir or (o.out / "logs" if o.out else Path.cwd() / "proxima-bench-logs")
     return LaunchPlan(o.launch or "", chosen, tuple(names), tuple(o.vllm_args or ()), o.side_by_side, logs)
 

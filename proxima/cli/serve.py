@@ -38,11 +38,12 @@ def serve(
     check_only: bool = typer.Option(False, "--check", help="Validate the configuration and exit."),
 ) -> None:
     from proxima.engine.settings import ProximaConfigError
-    from proxima.serve_checks import model_problem, port_problem
+    from proxima.serve_checks import kv_dtype_problem, model_problem, port_problem
     from proxima.serve_command import ServeRequest, start_checked, supervise
 
     vllm_args = list(ctx.args)
-    problem = model_problem(model) or (None if check_only else port_problem(vllm_args))
+    problem = (model_problem(model) or kv_dtype_problem(vllm_args, proxima_allocator)
+               or (None if check_only else port_problem(vllm_args)))
     if problem:
         fail(problem)
     try:
