@@ -34,7 +34,9 @@ def test_shared_prefix_lengths_parse_and_bad_ones_name_the_fix():
 
 
 def burst(tok_s: float) -> dict:
-    return {"output_tok_s": tok_s, "running_mean": 10.0, "running_peak": 20, "preemptions": 1,
+    # steps: [running, waiting, tokens, preemptions]: two decode-only, one mixed, one over 512 tokens
+    steps = [[4, 9, 700, 0], [10, 3, 300, 0], [12, 0, 12, 1], [12, 0, 12, 0]]
+    return {"output_tok_s": tok_s, "running_mean": 10.0, "running_peak": 20, "preemptions": 1, "steps": steps,
             "wall_s": 1.0, "wrapper_steps": 5, "repeat_tok_s": [tok_s, tok_s + 2],
             "repeat_running_mean": [10.0, 10.0], "output_tok_s_median": tok_s + 1}
 
@@ -52,3 +54,9 @@ def test_the_summary_prints_each_burst_of_each_engine(tmp_path, capsys):
                               ("tight-shared300", "proxima-1g-int4-full", "107"),
                               ("tight-shared300", "stock-triton-1g-int4", "57")]
     assert [w[0] for w in lines if w[0].startswith("tight")][:2] == ["tight", "tight"]  # unshared first
+
+
+def test_a_bursts_steps_are_counted_by_kind():
+    line = report.step_mix(burst(1.0)["steps"])
+    assert line == ("steps: 2 decode-only, 1 mixed of <= 512 tokens, 1 over 512 (no CUDA graph) "
+                    "scheduling 700 of 1,024 tokens")
