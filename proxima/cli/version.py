@@ -10,7 +10,7 @@ import typer
 
 def version_text() -> str:
     from proxima import VLLM_VERSION, __version__
-    from proxima.probes.environment import VLLM_DISTRIBUTIONS, dist_version
+    from proxima.installed import VLLM_DISTRIBUTIONS, dist_version
 
     installed = next(((name, v) for name in VLLM_DISTRIBUTIONS if (v := dist_version(name))), None)
     if installed is None:

