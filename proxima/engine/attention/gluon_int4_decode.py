@@ -290,6 +290,13 @@ def launch_options(tiles_a_step: int) -> dict:
 # (docs/benchmarks.md, issue 25).
 _SHALLOW_WAVE_COST = 1.1
 _UNPREFETCHED_WAVE_COST = 1.85
+# Per prefetch depth, deepest first (ties go to it): programs an SM at head 128, a wave's cost.
+_DEPTHS = {2: (2, 1.0), 1: (3, _SHALLOW_WAVE_COST), 0: (4, _UNPREFETCHED_WAVE_COST)}
+
+
+def _depths(split: bool) -> tuple[int, ...]:
+    """The depths a launch may take: a split one never 0 (its 152 registers fit three an SM, as 1's)."""
+    return (2, 1) if split else (2, 1, 0)
 
 
 def prefetch_for(programs: int, device: torch.device, split: bool = False) -> int:
@@ -307,9 +314,8 @@ def prefetch_for(programs: int, device: torch.device, split: bool = False) -> in
     if PREFETCH is not None:
         return PREFETCH
     sms = _multiprocessors(device)
-    cost = {2: math.ceil(programs / (2 * sms)), 1: math.ceil(programs / (3 * sms)) * _SHALLOW_WAVE_COST}
-    if not split:
-        cost[0] = math.ceil(programs / (4 * sms)) * _UNPREFETCHED_WAVE_COST
+    cost = {depth: math.ceil(programs / (_DEPTHS[depth][0] * sms)) * _DEPTHS[depth][1]
+            for depth in _depths(split)}
     return min(cost, key=cost.get)  # ties: the deeper pipeline (listed first)
 
 
@@ -319,7 +325,7 @@ def prefetch_choices(split: bool = False) -> tuple[int, ...]:
         return (0,)
     if PREFETCH is not None:
         return (PREFETCH,)
-    return (1, 2) if split else (0, 1, 2)  # as prefetch_for
+    return tuple(sorted(_depths(split)))
 
 
 @functools.cache
