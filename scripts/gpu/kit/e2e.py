@@ -18,10 +18,10 @@ nothing), from a second pass under torch.profiler GPU kernel time by kind (atten
 GEMM, other) against the wall time, and from a third under cProfile the host functions that
 took the most time (engine core, scheduler and runner share the process).
 
-With `shared_prefix` N > 0, the tight job's requests share one N-token system prompt (user turns of
-20-100 tokens, outputs of 20-100), as chat traffic does: the prefix cache's case. Several values
-(0, 300) run the tight job once for each in the same engine, which starts once: its results are
-`tight` (N = 0) and `tight-shared<N>`. `tiles` False skips Proxima's untimed second pass that
+For each N in `shared_prefix` the tight job runs once in the same engine, which starts once: with
+N > 0 its requests share one N-token system prompt (user turns of 20-100 tokens, outputs of
+20-100), as chat traffic does, the prefix cache's case. Results: `tight` (N = 0) and
+`tight-shared<N>`. `tiles` False skips Proxima's untimed second pass that
 counts contiguous KV tiles.
 """
 
@@ -37,6 +37,7 @@ from pathlib import Path
 from kit.calls import attention_impl
 from kit.e2e_report import summarize
 from kit.profiling import HostTimer, host_profile, kernel_profile
+from proxima.engine.settings import INT4_DECODE_ENV
 from proxima.files import write_atomic
 from proxima.harness import EngineProcessError, EngineSpec, open_engine, run_isolated, vllm_flags
 from proxima.harness.tiles import ContextTiles
@@ -125,8 +126,8 @@ def engine_spec(model: str, name: str) -> EngineSpec:
     # PROXIMA_* aside while an engine is built, so the int4 decode kernel's switch is carried in the
     # spec, built in the caller's process (`run`).
     env = {"PROXIMA_KV_FIGURES": "exact"}
-    if os.environ.get("PROXIMA_INT4_DECODE"):
-        env["PROXIMA_INT4_DECODE"] = os.environ["PROXIMA_INT4_DECODE"]
+    if os.environ.get(INT4_DECODE_ENV):
+        env[INT4_DECODE_ENV] = os.environ[INT4_DECODE_ENV]
     return EngineSpec(model, variant, flags, env=env)
 
 
@@ -157,7 +158,7 @@ def tight_key(shared_prefix: int) -> str:
     return f"tight-shared{shared_prefix}" if shared_prefix else "tight"
 
 
-def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: int | tuple[int, ...] = 0,
+def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: tuple[int, ...] = (0,),
         tiles: bool = True, repeats: int = 1) -> dict:
     """One engine's jobs (run in a process of its own, from the spec `run` built in the caller's:
     the job process starts without the caller's PROXIMA_*). ``repeats`` > 1 times a throughput
@@ -181,9 +182,8 @@ def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: int |
         llm, recorder = engine.llm, engine.recorder
         if timer is not None:
             watch_host(timer, engine, backend)
-        prefixes = (shared_prefix,) if isinstance(shared_prefix, int) else tuple(shared_prefix)
         burst_jobs = [(tight_key(p) if job_name == "tight" else job_name, job_name, p)
-                      for job_name in jobs for p in (prefixes if job_name == "tight" else (0,))]
+                      for job_name in jobs for p in (shared_prefix if job_name == "tight" else (0,))]
         for key, job_name, prefix in burst_jobs:
             if job_name == "greedy":
                 outs = llm.generate(prompts(64, 1, 20, 120),
@@ -265,7 +265,7 @@ def throughput(recorder, outs, requests: int, wall: float) -> dict:
 
 
 def run(model: str, out_dir: Path, only: set[str] | None, profile: bool,
-        shared_prefix: int | tuple[int, ...], tiles: bool = True, repeats: int = 1) -> None:
+        shared_prefix: tuple[int, ...] = (0,), tiles: bool = True, repeats: int = 1) -> None:
     """Every engine (or those in `only`) in a fresh process, one after the other; then the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if not only or only & SEEDED:
