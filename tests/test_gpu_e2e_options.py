@@ -57,6 +57,8 @@ def test_the_summary_prints_each_burst_of_each_engine(tmp_path, capsys):
 
 
 def test_a_bursts_steps_are_counted_by_kind():
-    line = report.step_mix(burst(1.0)["steps"])
+    line = report.step_mix(burst(1.0)["steps"], 512)
     assert line == ("steps: 2 decode-only, 1 mixed of <= 512 tokens, 1 over 512 (no CUDA graph) "
                     "scheduling 700 of 1,024 tokens")
+    assert report.step_mix(burst(1.0)["steps"], 0) == (
+        "steps (no CUDA graphs): 2 decode-only, 2 with prompt tokens; 1,024 tokens")

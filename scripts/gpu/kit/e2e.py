@@ -173,7 +173,9 @@ def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: tuple
     timer = HostTimer() if profile else None
     t0 = time.perf_counter()
     with open_engine(spec) as engine:
-        result: dict = {"engine": name, "init_s": time.perf_counter() - t0}
+        # The most tokens a step replayed from a CUDA graph holds (0: no graphs, as on CPU).
+        sizes = engine.scheduler.vllm_config.compilation_config.cudagraph_capture_sizes
+        result: dict = {"engine": name, "init_s": time.perf_counter() - t0, "graph_tokens": max(sizes or [0])}
         if proxima is True and kv_cache_dtype(name) == "int4_per_token_head":
             from proxima.engine.attention import launch_args
 

@@ -65,23 +65,23 @@ def summarize_throughput(res: dict) -> None:
                           + f"  median {j['output_tok_s_median']:.0f}  running mean "
                           + " ".join(f"{m:.1f}" for m in j["repeat_running_mean"]))
                 if j.get("steps"):
-                    print(f"{'':>6} {name:<16} {step_mix(j['steps'])}")
+                    # Runs before 2026-12-08 did not record it: vLLM's default then, min(2 x 512 seqs, 512).
+                    print(f"{'':>6} {name:<16} {step_mix(j['steps'], r.get('graph_tokens', 512))}")
                 summarize_profile(j)
 
 
-# vLLM 0.26's largest CUDA-graph batch by default (min(2 x max_num_seqs, 512) tokens): a step
-# scheduling more tokens runs without graphs in every cudagraph mode.
-GRAPH_TOKENS = 512
-
-
-def step_mix(steps: list) -> str:
-    """A burst's steps by kind, from the per-step [running, waiting, tokens, preemptions] rows."""
+def step_mix(steps: list, graph_tokens: int) -> str:
+    """A burst's steps by kind, from the per-step [running, waiting, tokens, preemptions] rows: a step
+    of more than `graph_tokens` (the engine's largest CUDA graph; 0: none) runs without graphs."""
     decode = sum(1 for running, _, tokens, _ in steps if tokens <= running)
-    big = [tokens for _, _, tokens, _ in steps if tokens > GRAPH_TOKENS]
-    mixed = len(steps) - decode - len(big)
     total = sum(tokens for _, _, tokens, _ in steps)
-    return (f"steps: {decode} decode-only, {mixed} mixed of <= {GRAPH_TOKENS} tokens, {len(big)} over "
-            f"{GRAPH_TOKENS} (no CUDA graph) scheduling {sum(big):,} of {total:,} tokens")
+    if not graph_tokens:
+        return (f"steps (no CUDA graphs): {decode} decode-only, {len(steps) - decode} with prompt tokens; "
+                f"{total:,} tokens")
+    big = [tokens for running, _, tokens, _ in steps if tokens > max(graph_tokens, running)]
+    mixed = len(steps) - decode - len(big)
+    return (f"steps: {decode} decode-only, {mixed} mixed of <= {graph_tokens} tokens, {len(big)} over "
+            f"{graph_tokens} (no CUDA graph) scheduling {sum(big):,} of {total:,} tokens")
 
 
 def summarize_profile(j: dict) -> None:
