@@ -1,6 +1,8 @@
 """e2e.py's summary: greedy agreement between engines, throughput, and where a step's time went.
 
-Reads the per-engine JSON files `kit.e2e.run` wrote; pure Python (no GPU, no vLLM).
+Reads the per-engine JSON files `kit.e2e.run` wrote; pure Python (no GPU, no vLLM). A stored run
+is summarised again, with what this summary prints today, by
+`python3 scripts/gpu/kit/e2e_report.py DIR` (e.g. docs/results/h100-2026-12-07b/e2e-chats).
 """
 
 from __future__ import annotations
@@ -103,3 +105,10 @@ def summarize_profile(j: dict) -> None:
         start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
         for line in lines[start:start + 26]:
             print("           " + line.replace(str(Path(sys.prefix)), "")[:150])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
+        sys.exit("usage: python3 scripts/gpu/kit/e2e_report.py DIR (a folder of e2e.py's JSON files)")
+    folder = Path(sys.argv[1])
+    summarize(folder, {p.stem for p in folder.glob("*.json")})
