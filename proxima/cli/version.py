@@ -10,14 +10,14 @@ import typer
 
 def version_text() -> str:
     from proxima import VLLM_VERSION, __version__
-    from proxima.installed import VLLM_DISTRIBUTIONS, dist_version
+    from proxima.installed import VLLM_DISTRIBUTIONS, dist_version, release_of
 
     installed = next(((name, v) for name in VLLM_DISTRIBUTIONS if (v := dist_version(name))), None)
     if installed is None:
         found = "not installed"
     else:
         name, version = installed
-        mismatch = "" if version == VLLM_VERSION else ": not the pinned release"
+        mismatch = "" if release_of(version) == VLLM_VERSION else ": not the pinned release"
         found = f"{name} {version} installed{mismatch}"
     return f"proxima {__version__}\nvLLM {VLLM_VERSION} (pinned; {found})"
 
