@@ -62,3 +62,59 @@ def test_a_bursts_steps_are_counted_by_kind():
                     "scheduling 700 of 1,024 tokens")
     assert report.step_mix(burst(1.0)["steps"], 0) == (
         "steps (no CUDA graphs): 2 decode-only, 2 with prompt tokens; 1,024 tokens")
+
+
+def write_start(folder: Path, tok_s: dict[str, list[float]], running: float = 10.0) -> None:
+    folder.mkdir()
+    for name, runs in tok_s.items():
+        tight = {**burst(runs[0]), "repeat_tok_s": runs, "running_mean": running}
+        (folder / f"{name}.json").write_text(json.dumps({"engine": name, "init_s": 1.0, "tight": tight}))
+
+
+def test_starts_are_summarised_together_and_paired_start_by_start(tmp_path, capsys):
+    ours, theirs = "proxima-1g-int4-full", "stock-triton-1g-int4-full"
+    write_start(tmp_path / "s1", {ours: [120, 110, 130], theirs: [100]})
+    write_start(tmp_path / "s2", {ours: [90], theirs: [60, 60]}, running=10.04)  # 10.0 printed: the same
+    report.main([tmp_path / "s1", tmp_path / "s2"])
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    # Proxima: runs 120 110 130 90, median 115, start medians 120 90; stock: 100 60 60, median 60.
+    assert lines == ["over 2 starts:",
+                     f"tight {ours} tok/s median 115 of 4 runs; start medians 120 90; running mean 10.0",
+                     f"tight {theirs} tok/s median 60 of 3 runs; start medians 100 60; running mean 10.0",
+                     f"tight {ours} / {theirs}: 1.92x; start by start 1.20 1.50"]
+
+
+def test_a_start_with_another_schedule_is_named(tmp_path, capsys):
+    write_start(tmp_path / "s1", {"stock-triton-1g-int4": [100]})
+    write_start(tmp_path / "s2", {"stock-triton-1g-int4": [100]}, running=11.0)
+    report.main([tmp_path / "s1", tmp_path / "s2"])
+    assert "running mean 10.0 / 11.0  (differs between starts)" in capsys.readouterr().out
+
+
+def test_starts_must_be_counted_from_one(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["e2e.py", "/tmp/model", "/tmp/out", "--starts", "0"])
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert "--repeats and --starts take a count of 1 or more" in capsys.readouterr().err
+
+
+def test_starts_run_in_turn_each_other_one_reversed(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(GPU))
+    from kit import e2e
+
+    ran: list[tuple[str, str]] = []
+
+    def fake_engine(job, spec, name, *args, log_path, **kwargs):
+        ran.append((log_path.parent.name, name))
+        runs = [100.0] if name.startswith("stock") else [150.0]
+        return {"engine": name, "init_s": 1.0, "tight": {**burst(runs[0]), "repeat_tok_s": runs}}
+
+    monkeypatch.setattr(e2e, "run_isolated", fake_engine)
+    pair = ["stock-triton-1g-int4-full", "proxima-1g-int4-full"]  # ENGINES order
+    e2e.run(str(tmp_path / "model"), tmp_path / "out", set(pair), False, starts=3)
+    assert ran == [("start1", pair[0]), ("start1", pair[1]), ("start2", pair[1]), ("start2", pair[0]),
+                   ("start3", pair[0]), ("start3", pair[1])]
+    assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.json")) == \
+        sorted(f"start{i}/{name}.json" for i in (1, 2, 3) for name in pair)
+    assert f"tight {pair[1]} / {pair[0]}: 1.50x; start by start 1.50 1.50 1.50" in \
+        " ".join(capsys.readouterr().out.split())

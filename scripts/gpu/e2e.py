@@ -3,7 +3,7 @@ weights, bf16), every engine through the engine harness in a process of its own;
 jobs and summary are kit/e2e.py's (greedy agreement, compute-bound and KV-bound throughput).
 
 usage: python scripts/gpu/e2e.py MODEL_DIR OUT_DIR [--only NAME,...] [--profile] [--shared-prefix [N[,M...]]]
-                                 [--no-tiles] [--repeats N]
+                                 [--no-tiles] [--repeats N] [--starts N]
 """
 
 from __future__ import annotations
@@ -39,13 +39,19 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="time each throughput burst N times in one engine (prefix cache reset between): "
                         "every run's tok/s and their median")
+    p.add_argument("--starts", type=int, default=1,
+                   help="start each engine N times in turn (OUT/start1, ...): tok/s moves more between "
+                        "starts than between repeats, so a ratio of engines wants N >= 2")
     args = p.parse_args()
+    if args.repeats < 1 or args.starts < 1:
+        p.error("--repeats and --starts take a count of 1 or more")
     from kit import e2e
 
     only = set(args.only.split(",")) if args.only else None
     if only and only - set(e2e.ENGINES):
         p.error(f"unknown engines: {', '.join(sorted(only - set(e2e.ENGINES)))}")
-    e2e.run(args.model, args.out, only, args.profile, args.shared_prefix, not args.no_tiles, args.repeats)
+    e2e.run(args.model, args.out, only, args.profile, args.shared_prefix, not args.no_tiles, args.repeats,
+            args.starts)
 
 
 if __name__ == "__main__":

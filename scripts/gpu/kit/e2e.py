@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from kit.calls import attention_impl
-from kit.e2e_report import summarize
+from kit.e2e_report import load, summarize, summarize_starts
 from kit.profiling import HostTimer, host_profile, kernel_profile
 from proxima.engine.settings import INT4_DECODE_ENV
 from proxima.files import write_atomic
@@ -267,14 +267,30 @@ def throughput(recorder, outs, requests: int, wall: float) -> dict:
 
 
 def run(model: str, out_dir: Path, only: set[str] | None, profile: bool,
-        shared_prefix: tuple[int, ...] = (0,), tiles: bool = True, repeats: int = 1) -> None:
-    """Every engine (or those in `only`) in a fresh process, one after the other; then the summary."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+        shared_prefix: tuple[int, ...] = (0,), tiles: bool = True, repeats: int = 1, starts: int = 1) -> None:
+    """Every engine (or those in `only`) in a fresh process, one after the other; then the summary.
+    With `starts` > 1 the engines start that many times in turn, each start's files in
+    out_dir/start<i>, every other start in reverse order (so no engine always runs first or last
+    on a warming machine), and the summary is across starts (kit/e2e_report.py)."""
     if not only or only & SEEDED:
         build_seeded_model(Path(model).parent / "seeded-model")
-    for name in ENGINES:
-        if only and name not in only:
-            continue
+    names = [name for name in ENGINES if not only or name in only]
+    if starts == 1:
+        run_start(model, out_dir, names, profile, shared_prefix, tiles, repeats)
+        summarize(out_dir, ENGINES)
+        return
+    folders = [out_dir / f"start{i + 1}" for i in range(starts)]
+    for i, folder in enumerate(folders):
+        print(f"start {i + 1} of {starts}", flush=True)
+        run_start(model, folder, names[::-1] if i % 2 else names, profile, shared_prefix, tiles, repeats)
+    summarize_starts([load(folder, ENGINES) for folder in folders])
+
+
+def run_start(model: str, out_dir: Path, names: list[str], profile: bool, shared_prefix: tuple[int, ...],
+              tiles: bool, repeats: int) -> None:
+    """One start of each engine in `names`, in that order: its JSON and log in out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in names:
         log = out_dir / f"{name}.log"
         log.unlink(missing_ok=True)
         t = time.perf_counter()
@@ -287,4 +303,3 @@ def run(model: str, out_dir: Path, only: set[str] | None, profile: bool,
             continue
         write_atomic(out_dir / f"{name}.json", json.dumps(result))
         print(f"{name}: ok in {time.perf_counter() - t:.0f}s", flush=True)
-    summarize(out_dir, ENGINES)

@@ -2,18 +2,28 @@
 
 Reads the per-engine JSON files `kit.e2e.run` wrote; pure Python (no GPU, no vLLM). A stored run
 is summarised again, with what this summary prints today, by
-`python3 scripts/gpu/kit/e2e_report.py DIR` (e.g. docs/results/h100-2026-12-07b/e2e-chats).
+`python3 scripts/gpu/kit/e2e_report.py DIR [DIR...]` (e.g. docs/results/h100-2026-12-07b/e2e-chats).
+
+Several folders are several starts of the same engines (`e2e.py --starts N` writes start1/,
+start2/, ...; or one folder per device call): a burst's tok/s moves more between two starts of one
+engine than between repeats in one start (stock int4 on one H100: 4,460-5,327 tok/s in one start,
+Proxima 5,969 and 6,995 in two), so a tok/s ratio needs starts, paired in time.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
 
+def load(out_dir: Path, engines) -> dict:
+    return {p.stem: json.loads(p.read_text()) for p in out_dir.glob("*.json") if p.stem in engines}
+
+
 def summarize(out_dir: Path, engines) -> None:
-    res = {p.stem: json.loads(p.read_text()) for p in out_dir.glob("*.json") if p.stem in engines}
+    res = load(out_dir, engines)
     for ours, theirs in (("proxima-8g", "stock-triton-8g"), ("proxima-seeded", "stock-triton-seeded"),
                          ("proxima-seeded", "stock-fa3-seeded"), ("stock-fa3-seeded", "stock-triton-seeded"),
                          ("proxima-seeded-fp8", "stock-triton-seeded-fp8"),
@@ -107,8 +117,54 @@ def summarize_profile(j: dict) -> None:
             print("           " + line.replace(str(Path(sys.prefix)), "")[:150])
 
 
+def burst_tok_s(burst: dict) -> list[float]:
+    """Every timed run's tok/s of one burst in one start (one run before repeats were recorded)."""
+    return list(burst.get("repeat_tok_s") or [burst["output_tok_s"]])
+
+
+def summarize_starts(starts: list[dict]) -> None:
+    """Each engine's tok/s across starts (each a `load` of one folder), and Proxima's ratio to each
+    other engine: of the medians over every run, and start by start (starts run in turn, so start i
+    of two engines ran minutes apart). Running requests are a schedule, the same in every start:
+    a start that differs is named."""
+    names = sorted({name for res in starts for name in res})
+    bursts = sorted({k for res in starts for r in res.values() for k in r if k.startswith("tight")},
+                    key=lambda k: (len(k), k))
+    print(f"over {len(starts)} starts:")
+    for key in bursts:
+        medians: dict[str, list[float]] = {}
+        everything: dict[str, list[float]] = {}
+        for name in names:
+            found = [res[name][key] for res in starts if key in res.get(name, {})]
+            if not found:
+                continue
+            medians[name] = [statistics.median(burst_tok_s(b)) for b in found]
+            everything[name] = [t for b in found for t in burst_tok_s(b)]
+            running = sorted({round(b["running_mean"], 1) for b in found})
+            print(f"{key:>6} {name:<26} tok/s median {statistics.median(everything[name]):>7.0f} of "
+                  f"{len(everything[name])} runs; start medians "
+                  + " ".join(f"{m:.0f}" for m in medians[name])
+                  + f"; running mean {' / '.join(f'{m:.1f}' for m in running)}"
+                  + ("  (differs between starts)" if len(running) > 1 else ""))
+        for ours in (n for n in medians if n.startswith("proxima")):
+            for theirs in (n for n in medians if not n.startswith("proxima")):
+                paired = [a / b for a, b in zip(medians[ours], medians[theirs])]
+                ratio = statistics.median(everything[ours]) / statistics.median(everything[theirs])
+                print(f"{key:>6} {ours} / {theirs}: {ratio:.2f}x; start by start "
+                      + " ".join(f"{r:.2f}" for r in paired))
+
+
+def main(folders: list[Path]) -> None:
+    engines = {p.stem for folder in folders for p in folder.glob("*.json")}
+    if len(folders) == 1:
+        summarize(folders[0], engines)
+    else:
+        summarize_starts([load(folder, engines) for folder in folders])
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
-        sys.exit("usage: python3 scripts/gpu/kit/e2e_report.py DIR (a folder of e2e.py's JSON files)")
-    folder = Path(sys.argv[1])
-    summarize(folder, {p.stem for p in folder.glob("*.json")})
+    given = [Path(a) for a in sys.argv[1:]]
+    if not given or not all(p.is_dir() for p in given):
+        sys.exit("usage: python3 scripts/gpu/kit/e2e_report.py DIR [DIR...] (folders of e2e.py's JSON "
+                 "files; several: one start of the engines each)")
+    main(given)
