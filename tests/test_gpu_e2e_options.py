@@ -62,6 +62,11 @@ def test_a_bursts_steps_are_counted_by_kind():
                     "scheduling 700 of 1,024 tokens")
     assert report.step_mix(burst(1.0)["steps"], 0) == (
         "steps (no CUDA graphs): 2 decode-only, 2 with prompt tokens; 1,024 tokens")
+    timed = [[*row, ms] for row, ms in zip(burst(1.0)["steps"], (40.0, 20.0, 10.0, 12.0))]
+    assert report.step_mix(timed, 512) == (
+        "steps: 2 decode-only, 1 mixed of <= 512 tokens, 1 over 512 (no CUDA graph) scheduling 700 of "
+        "1,024 tokens; ms a step: decode-only 11.0, mixed 20.0, over 40.0")
+    assert report.step_mix(timed, 0).endswith("; ms a step: decode-only 11.0, with prompt tokens 30.0")
 
 
 def write_start(folder: Path, tok_s: dict[str, list[float]], running: float = 10.0) -> None:

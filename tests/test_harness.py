@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -117,6 +118,18 @@ def test_the_recorder_files_each_steps_preemptions_timings_and_kv_figures_under_
     assert recorder.slot_efficiency() == pytest.approx(0.8) and recorder.static.bytes_per_token == 1024
     recorder.reset()
     assert recorder.steps == [] and recorder.preemptions == 0 and recorder.static is not None
+
+
+def test_each_steps_period_runs_to_the_next_steps_event_and_the_last_to_the_runs_end():
+    recorder = EngineRecorder()
+    recorder.step_scheduled(_step(1, {"a": 1}))
+    time.sleep(0.02)
+    recorder.step_scheduled(_step(1, {"a": 1}))
+    time.sleep(0.01)
+    ended = time.perf_counter()
+    first, second = recorder.steps
+    assert recorder.step_periods(ended) == [second.started - first.started, ended - second.started]
+    assert recorder.step_periods(ended)[0] >= 0.02 and recorder.step_periods(ended)[1] >= 0.01
 
 
 def test_the_running_mean_while_requests_wait_leaves_out_the_ramp_and_drain():

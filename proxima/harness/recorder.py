@@ -10,6 +10,7 @@ only because it listens; a serving engine builds none).
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ class StepRecord:
     preemptions: int  # during this step
     allocator_seconds: float  # allocate and free calls timed since the previous step (token slots)
     kv: KVStats | None  # the KV figures published in this step; None when it published none
+    started: float = 0.0  # time.perf_counter() at the step's event: the next one's, less this, is its period
 
 
 class EngineRecorder:
@@ -93,7 +95,7 @@ class EngineRecorder:
             self.steps.append(StepRecord(
                 step.seconds, step.telemetry_seconds, step.num_running, step.num_waiting,
                 step.total_num_scheduled_tokens, self._step_preemptions, self._allocator_seconds,
-                self._kv))
+                self._kv, time.perf_counter()))
             self._kv, self._step_preemptions, self._allocator_seconds = None, 0, 0.0
             for listener in self.listeners:
                 listener(step)
@@ -114,6 +116,13 @@ class EngineRecorder:
         request waits, left out). A step budget or ``max_num_seqs`` can make requests wait too."""
         full = [s.num_running for s in self.steps if s.num_waiting and s.num_running]
         return (statistics.fmean(full) if full else 0.0), len(full)
+
+    def step_periods(self, ended: float) -> list[float]:
+        """Each step's seconds from its event to the next step's (the last one's: to `ended`, a
+        time.perf_counter() reading when the run returned): the engine loop's time for that step,
+        host and device, as a run without any profiler sees it."""
+        starts = [s.started for s in self.steps]
+        return [after - before for before, after in zip(starts, [*starts[1:], ended])]
 
     def running_peak(self) -> int:
         return max((s.num_running for s in self.steps), default=0)

@@ -206,8 +206,8 @@ def job(spec: EngineSpec, name: str, profile: bool = False, shared_prefix: tuple
                     timer.reset()
                 t = time.perf_counter()
                 outs = llm.generate(ps, sp, use_tqdm=False)
-                wall = time.perf_counter() - t
-                runs.append(throughput(recorder, outs, n, wall))
+                ended = time.perf_counter()
+                runs.append(throughput(recorder, outs, n, ended - t, ended))
             result[key] = runs[0]
             if repeats > 1:
                 result[key]["repeat_tok_s"] = [r["output_tok_s"] for r in runs]
@@ -244,10 +244,12 @@ def watch_host(timer: HostTimer, engine, backend: str) -> None:
     timer.watch(impl.do_kv_cache_update, "kv write (eager)")
 
 
-def throughput(recorder, outs, requests: int, wall: float) -> dict:
+def throughput(recorder, outs, requests: int, wall: float, ended: float | None = None) -> dict:
     """A timed run's figures: tok/s, running requests per step, preemptions and, from the KV
     telemetry published meanwhile (at most one per PROXIMA_TELEMETRY_INTERVAL_S), requests and
-    slot efficiency."""
+    slot efficiency. With `ended` (perf_counter when the run returned) each step's row ends with
+    its period in ms: where a run's wall time went, by step, with no profiler attached."""
+    periods = recorder.step_periods(ended) if ended is not None else [None] * len(recorder.steps)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     published = [s.kv for s in recorder.steps if s.kv is not None]
     holding = [kv.requests_holding_slots for kv in published if kv.requests_holding_slots]
@@ -255,9 +257,10 @@ def throughput(recorder, outs, requests: int, wall: float) -> dict:
     return {"requests": requests, "output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall,
             "running_mean": recorder.running_mean(), "running_peak": recorder.running_peak(),
             "running_mean_while_waiting": while_waiting, "waiting_steps": waiting_steps,
-            # per step: running, waiting, tokens scheduled, preemptions (for later analysis)
+            # per step: running, waiting, tokens scheduled, preemptions[, period ms] (for later analysis)
             "steps": [[s.num_running, s.num_waiting, s.num_scheduled_tokens, s.preemptions]
-                      for s in recorder.steps],
+                      + ([] if period is None else [round(1e3 * period, 3)])
+                      for s, period in zip(recorder.steps, periods)],
             "preemptions": recorder.preemptions, "wrapper_steps": len(recorder.steps),
             "recorded_steps": len(published),
             "requests_mean": sum(holding) / max(1, len(holding)),

@@ -83,17 +83,32 @@ def summarize_throughput(res: dict) -> None:
 
 
 def step_mix(steps: list, graph_tokens: int) -> str:
-    """A burst's steps by kind, from the per-step [running, waiting, tokens, preemptions] rows: a step
-    of more than `graph_tokens` (the engine's largest CUDA graph; 0: none) runs without graphs."""
-    decode = sum(1 for running, _, tokens, _ in steps if tokens <= running)
-    total = sum(tokens for _, _, tokens, _ in steps)
+    """A burst's steps by kind, from the per-step [running, waiting, tokens, preemptions[, period
+    ms]] rows: a step of more than `graph_tokens` (the engine's largest CUDA graph; 0: none) runs
+    without graphs. Rows with a period (runs since 2026-12-07) add each kind's mean ms a step."""
+    def kind(running: int, tokens: int) -> str:
+        if tokens <= running:
+            return "decode"
+        return "big" if graph_tokens and tokens > max(graph_tokens, running) else "mixed"
+
+    kinds: dict[str, list[list]] = {"decode": [], "mixed": [], "big": []}
+    for row in steps:
+        kinds[kind(row[0], row[2])].append(row)
+    total = sum(row[2] for row in steps)
+    decode, mixed, big = (len(kinds[k]) for k in ("decode", "mixed", "big"))
     if not graph_tokens:
-        return (f"steps (no CUDA graphs): {decode} decode-only, {len(steps) - decode} with prompt tokens; "
+        line = (f"steps (no CUDA graphs): {decode} decode-only, {mixed} with prompt tokens; "
                 f"{total:,} tokens")
-    big = [tokens for running, _, tokens, _ in steps if tokens > max(graph_tokens, running)]
-    mixed = len(steps) - decode - len(big)
-    return (f"steps: {decode} decode-only, {mixed} mixed of <= {graph_tokens} tokens, {len(big)} over "
-            f"{graph_tokens} (no CUDA graph) scheduling {sum(big):,} of {total:,} tokens")
+    else:
+        line = (f"steps: {decode} decode-only, {mixed} mixed of <= {graph_tokens} tokens, {big} over "
+                f"{graph_tokens} (no CUDA graph) scheduling {sum(row[2] for row in kinds['big']):,} of "
+                f"{total:,} tokens")
+    if steps and all(len(row) > 4 for row in steps):
+        labels = ("decode-only", "mixed" if graph_tokens else "with prompt tokens", "over")
+        means = [(label, sum(row[4] for row in rows) / len(rows))
+                 for label, rows in zip(labels, kinds.values()) if rows]
+        line += "; ms a step: " + ", ".join(f"{label} {ms:.1f}" for label, ms in means)
+    return line
 
 
 def summarize_profile(j: dict) -> None:
