@@ -40,7 +40,8 @@ def job(model: str, variant: str, slots: int, shared_prefix: int) -> dict:
         recorder.reset()
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        result = throughput(recorder, outs, n, time.perf_counter() - start)
+        ended = time.perf_counter()
+        result = throughput(recorder, outs, n, ended - start, ended)
     return result | {"step_bounds": step_bounds(prompts, params, slots, shared_prefix)}
 
 

@@ -244,12 +244,12 @@ def watch_host(timer: HostTimer, engine, backend: str) -> None:
     timer.watch(impl.do_kv_cache_update, "kv write (eager)")
 
 
-def throughput(recorder, outs, requests: int, wall: float, ended: float | None = None) -> dict:
+def throughput(recorder, outs, requests: int, wall: float, ended: float) -> dict:
     """A timed run's figures: tok/s, running requests per step, preemptions and, from the KV
     telemetry published meanwhile (at most one per PROXIMA_TELEMETRY_INTERVAL_S), requests and
-    slot efficiency. With `ended` (perf_counter when the run returned) each step's row ends with
-    its period in ms: where a run's wall time went, by step, with no profiler attached."""
-    periods = recorder.step_periods(ended) if ended is not None else [None] * len(recorder.steps)
+    slot efficiency. Each step's row ends with its period in ms (`ended`: perf_counter when the
+    run returned): where a run's wall time went, by step, with no profiler attached."""
+    periods = recorder.step_periods(ended)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     published = [s.kv for s in recorder.steps if s.kv is not None]
     holding = [kv.requests_holding_slots for kv in published if kv.requests_holding_slots]
@@ -257,10 +257,9 @@ def throughput(recorder, outs, requests: int, wall: float, ended: float | None =
     return {"requests": requests, "output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall,
             "running_mean": recorder.running_mean(), "running_peak": recorder.running_peak(),
             "running_mean_while_waiting": while_waiting, "waiting_steps": waiting_steps,
-            # per step: running, waiting, tokens scheduled, preemptions[, period ms] (for later analysis)
-            "steps": [[s.num_running, s.num_waiting, s.num_scheduled_tokens, s.preemptions]
-                      + ([] if period is None else [round(1e3 * period, 3)])
-                      for s, period in zip(recorder.steps, periods)],
+            # per step: running, waiting, tokens scheduled, preemptions, period ms (for later analysis)
+            "steps": [[s.num_running, s.num_waiting, s.num_scheduled_tokens, s.preemptions,
+                       round(1e3 * period, 3)] for s, period in zip(recorder.steps, periods)],
             "preemptions": recorder.preemptions, "wrapper_steps": len(recorder.steps),
             "recorded_steps": len(published),
             "requests_mean": sum(holding) / max(1, len(holding)),

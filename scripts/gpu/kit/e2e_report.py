@@ -6,8 +6,9 @@ is summarised again, with what this summary prints today, by
 
 Several folders are several starts of the same engines (`e2e.py --starts N` writes start1/,
 start2/, ...; or one folder per device call): a burst's tok/s moves more between two starts of one
-engine than between repeats in one start (stock int4 on one H100: 4,460-5,327 tok/s in one start,
-Proxima 5,969 and 6,995 in two), so a tok/s ratio needs starts, paired in time.
+engine than between repeats in one start (docs/results/h100-2026-12-07c: Proxima's short-chat
+medians 5,969 and 6,995 in two starts, each start's repeats within 3%), so a tok/s ratio needs
+starts, paired in time.
 """
 
 from __future__ import annotations
