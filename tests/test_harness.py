@@ -5,6 +5,7 @@ engines is exercised by every engine scenario (test_engine_equivalence, _metrics
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -185,11 +186,15 @@ def test_a_child_process_runs_calls_with_a_clean_environment_and_reports_errors(
 
 
 def test_a_call_past_its_timeout_fails_and_the_child_is_stopped():
-    child = EngineProcess()
+    """Stopped, not waited for: the child is still in the call, and waiting for it to end would
+    block the caller as long as the overrun lasts (forever, for a hung engine)."""
+    child = EngineProcess().start()
+    proc = child._proc
     try:
         with pytest.raises(EngineProcessError, match="no reply within 1 s"):
             child.call(sleeps, timeout=1)
         assert child._proc is None
+        assert proc.returncode == -signal.SIGTERM  # ended by the harness, not by finishing its sleep
     finally:
         child.close()
         child.remove_log()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 _HEADER = struct.Struct("<Q")
+OVERRUN_GRACE_S = 10.0  # a child that overran a call: SIGTERM, then SIGKILL this much later
 
 
 class EngineProcessError(RuntimeError):
@@ -94,7 +95,7 @@ class EngineProcess:
         while left:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not select.select([self._replies], [], [], wait)[0]:
-                self.close()
+                self.close(OVERRUN_GRACE_S, overran=True)
                 raise EngineProcessError(f"{self.name} process: no reply within {timeout:.0f} s\n"
                                          f"{self.log_tail()}")
             chunk = os.read(self._replies, min(left, 1 << 20))
@@ -109,12 +110,18 @@ class EngineProcess:
             return "(no log)"
         return self.log_path.read_text(errors="replace")[-chars:]
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Let the child finish (its engines shut down as it exits); kill it if it will not."""
+    def close(self, timeout: float = 60.0, *, overran: bool = False) -> None:
+        """Let the child finish (its engines shut down as it exits); kill it if it will not.
+
+        A child that overran a call is still inside it and reads the closed stdin only when the
+        call ends, which may be never (a hung engine): it is sent SIGTERM at once, then SIGKILL
+        after `timeout`, instead of being waited for."""
         proc, self._proc = self._proc, None
         if proc is not None:
             with contextlib.suppress(BrokenPipeError, OSError):
                 proc.stdin.close()
+            if overran:
+                proc.terminate()
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
