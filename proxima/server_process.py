@@ -16,6 +16,7 @@ fresh port when this module chose the first.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -42,6 +43,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something holds (host, port), bound as vLLM's `create_server_socket` binds: with
+    SO_REUSEADDR, so a port a stopped server left in TIME_WAIT is not in use. Any other bind
+    error (a host that does not resolve, a port it may not bind) is vLLM's to report."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as err:
+        return err.errno == errno.EADDRINUSE
+    return False
 
 
 @dataclass(slots=True)
@@ -83,7 +98,13 @@ class ManagedServer:
         return self.spawn().wait_ready(timeout)
 
     def spawn(self) -> ManagedServer:
-        """Start the process without waiting (several servers can then start side by side)."""
+        """Start the process without waiting (several servers can then start side by side).
+
+        A port the caller named that something holds now is refused here, before the seconds
+        vLLM's imports take to find it out."""
+        if not self._port_can_be_had():
+            raise ServerStartError(f"{self.spec.host}:{self.spec.port} is in use (Address already in use): "
+                                   "choose a free port (--port) or stop what holds it")
         if self.spec.log_path is None:  # the start's own lines are what tells a port race
             fd, name = tempfile.mkstemp(prefix=f"proxima-{self.spec.variant}-server-", suffix=".log")
             os.close(fd)
@@ -126,12 +147,7 @@ class ManagedServer:
 
     def _port_can_be_had(self) -> bool:
         """A port the caller named that something holds now will not be free on a second start."""
-        if self._own_port:
-            return True
-        with socket.socket() as s, contextlib.suppress(OSError):
-            s.bind((self.spec.host, self.spec.port))
-            return True
-        return False
+        return self._own_port or not port_in_use(self.spec.host, self.spec.port)
 
     def _start_again(self) -> None:
         self._address_retries -= 1

@@ -10,7 +10,7 @@ import socket
 import httpx
 import pytest
 
-from proxima.server_process import ManagedServer, ServerSpec, ServerStartError
+from proxima.server_process import ManagedServer, ServerSpec, ServerStartError, port_in_use
 from tests.conftest import SERVER_ARGS
 
 
@@ -21,19 +21,52 @@ def _hold(port: int) -> socket.socket:
     return holder
 
 
+def test_a_named_port_in_use_is_refused_before_anything_starts(tmp_path):
+    with _hold(0) as holder:
+        spec = ServerSpec(model=str(tmp_path), variant="stock", port=holder.getsockname()[1],
+                          log_path=tmp_path / "server.log")
+        with pytest.raises(ServerStartError, match=f"127.0.0.1:{spec.port} is in use"):
+            ManagedServer(spec).spawn()
+    assert not spec.log_path.exists()  # nothing was started
+
+
+def test_a_port_in_time_wait_is_not_in_use_as_vllms_bind_sees_it():
+    """vLLM binds with SO_REUSEADDR, which takes a port a closed connection left in TIME_WAIT (a
+    server stopped a moment ago): the check must not refuse what vLLM would take."""
+    with socket.socket() as listener:  # as vLLM's server listens: with SO_REUSEADDR (Linux wants it on both)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server's side closes first: its port goes to TIME_WAIT
+            client.recv(1)
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # without SO_REUSEADDR the port is still taken
+    assert not port_in_use("127.0.0.1", port)
+
+
+def test_only_a_taken_address_counts_as_in_use():
+    """Other bind errors (no such host, an address not on this machine) are vLLM's to report."""
+    assert not port_in_use("no-such-host.invalid", 8000)
+    assert not port_in_use("192.0.2.123", 8000)  # TEST-NET-1: on no interface here
+
+
 @pytest.mark.engine
 def test_a_port_taken_before_the_bind_is_started_again_elsewhere_but_a_named_one_is_not(
         tiny_model, server_logs):
-    # A port the caller named, held by someone else: no second start, the error says why.
+    # A port the caller named, free at the check and taken before vLLM binds it: no second start,
+    # the error says why.
     named = ServerSpec(model=tiny_model, variant="stock", args=SERVER_ARGS,
                       log_path=server_logs / "port-named.log")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         named.port = probe.getsockname()[1]
+    server = ManagedServer(named).spawn()  # vLLM binds after seconds of imports
     with _hold(named.port):
-        server = ManagedServer(named)
         with pytest.raises(ServerStartError, match="Address already in use"):
-            server.start(timeout=300)
+            server.wait_ready(timeout=300)
         server.stop()
     assert "starting again" not in named.log_path.read_text()
 
