@@ -26,11 +26,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import triton
@@ -248,6 +251,28 @@ def loop_ops(kernel, rank: int = 0) -> dict[str, int]:
     return {k: ops.get(k, 0) for k in LOOP_OPS} | {"total": sum(ops.values())}
 
 
+def _triton_variants(fp8_decode_tiles: bool) -> list[tuple[str, dict, dict, TileConfig]]:
+    return fp8_decode_tile_variants() if fp8_decode_tiles else variants()
+
+
+def _row(job: tuple[str, int], fp8_decode_tiles: bool, with_loops: bool) -> tuple[str, dict]:
+    """One variant built and measured (in a worker process): the job names its list and index."""
+    kind, index = job
+    if kind == "gluon":
+        name, ptrs, const, warps = gluon_variants()[index]
+        kernel = build_gluon(ptrs, const, warps)
+        # The loop's barriers are the kernel's reason to be: always reported.
+        return name, resources(kernel) | {"warps": warps, "loop": loop_ops(kernel)}
+    name, ptrs, const, tiles = _triton_variants(fp8_decode_tiles)[index]
+    kernel = build(ptrs, const, tiles)
+    row = resources(kernel) | {"warps": tiles.num_warps}
+    if with_loops:
+        row["loop"] = loop_ops(kernel)
+        if tiles.short_block_m and tiles.short_launch is None:  # one launch: the decode tiles' loop too
+            row["loop2"] = loop_ops(kernel, 1)
+    return name, row
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
@@ -265,20 +290,14 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET"):
         print("kernel_resources: unset TRITON_INTERPRET (the interpreter builds nothing)", file=sys.stderr)
         return 2
-    chosen = fp8_decode_tile_variants() if args.fp8_decode_tiles else variants()
-    rows = {}
+    jobs = [("triton", i) for i in range(len(_triton_variants(args.fp8_decode_tiles)))]
     if not args.fp8_decode_tiles:
-        for name, ptrs, const, warps in gluon_variants():
-            kernel = build_gluon(ptrs, const, warps)
-            # The loop's barriers are the kernel's reason to be: always reported.
-            rows[name] = resources(kernel) | {"warps": warps, "loop": loop_ops(kernel)}
-    for name, ptrs, const, tiles in chosen:
-        kernel = build(ptrs, const, tiles)
-        rows[name] = resources(kernel) | {"warps": tiles.num_warps}
-        if args.loop_ops:
-            rows[name]["loop"] = loop_ops(kernel)
-            if tiles.short_block_m and tiles.short_launch is None:  # one launch: the decode tiles' loop too
-                rows[name]["loop2"] = loop_ops(kernel, 1)
+        jobs = [("gluon", i) for i in range(len(gluon_variants()))] + jobs
+    # Each build is one ptxas run on one core: built side by side, one process a core (forked, so
+    # each inherits the launch_args settings above).
+    with ProcessPoolExecutor(os.cpu_count() or 1, mp_context=multiprocessing.get_context("fork")) as pool:
+        rows = dict(pool.map(partial(_row, fp8_decode_tiles=args.fp8_decode_tiles, with_loops=args.loop_ops),
+                             jobs))
     if args.json:
         print(json.dumps(rows))
     else:
