@@ -48,9 +48,23 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
+def bind_error(host: str, port: int) -> OSError | None:
+    """What vLLM's server would meet binding (host, port) now, or None: bound the way its
+    `create_server_socket` binds (SO_REUSEADDR, so a port a stopped server left in TIME_WAIT is
+    free; the host's address family), then closed."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as err:
+        return err
+    return None
+
+
 def port_problem(args: list[str]) -> str | None:
     """None when the address vLLM will listen on (its --host and --port) can be bound now; else
-    one line. Bound the way vLLM binds it (SO_REUSEADDR, the host's address family), then closed."""
+    one line (`bind_error`)."""
     if flag_value(args, "--uds") is not None:
         return None  # a Unix socket: no port
     host = flag_value(args, "--host") or ""
@@ -61,12 +75,8 @@ def port_problem(args: list[str]) -> str | None:
         return None  # vLLM's own parser names a port that is not a number
     if not 0 <= port <= 65535:
         return f"--port {port} is not a port number (0-65535)"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-    except OSError as err:
+    err = bind_error(host, port)
+    if err is not None:
         where = f"{host}:{port}" if host else f"port {port} (every interface)"
         if err.errno == errno.EADDRINUSE:
             return f"{where} is already in use (another server?); stop it or pass --port PORT"

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from proxima.files import open_append
+from proxima.serve_checks import bind_error
 
 VARIANTS = ("token", "block", "stock")
 ADDRESS_IN_USE = ("EADDRINUSE", "Address already in use")
@@ -43,20 +44,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether something holds (host, port), bound as vLLM's `create_server_socket` binds: with
-    SO_REUSEADDR, so a port a stopped server left in TIME_WAIT is not in use. Any other bind
-    error (a host that does not resolve, a port it may not bind) is vLLM's to report."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-    except OSError as err:
-        return err.errno == errno.EADDRINUSE
-    return False
 
 
 @dataclass(slots=True)
@@ -146,8 +133,12 @@ class ManagedServer:
         return any(mark in lines for mark in ADDRESS_IN_USE)
 
     def _port_can_be_had(self) -> bool:
-        """A port the caller named that something holds now will not be free on a second start."""
-        return self._own_port or not port_in_use(self.spec.host, self.spec.port)
+        """A port the caller named that something holds now will not be free on a second start
+        (any other bind error is vLLM's to report)."""
+        if self._own_port:
+            return True
+        err = bind_error(self.spec.host, self.spec.port)
+        return err is None or err.errno != errno.EADDRINUSE
 
     def _start_again(self) -> None:
         self._address_retries -= 1
