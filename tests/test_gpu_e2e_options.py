@@ -86,7 +86,16 @@ def test_starts_are_summarised_together_and_paired_start_by_start(tmp_path, caps
     assert lines == ["over 2 starts:",
                      f"tight {ours} tok/s median 115 of 4 runs; start medians 120 90; running mean 10.0",
                      f"tight {theirs} tok/s median 60 of 3 runs; start medians 100 60; running mean 10.0",
-                     f"tight {ours} / {theirs}: 1.92x; start by start 1.20 1.50"]
+                     f"tight {ours} / {theirs}: 1.92x; start by start 1.20 1.50; faster over starts: "
+                     "p = 0.333 (one-sided Mann-Whitney U, 2 against 2)"]
+
+
+def test_only_starts_faster_every_time_make_a_small_p():
+    # Start medians, the unit: all three of ours above all three of theirs is the strongest
+    # evidence three starts can give (1 / C(6, 3) = 0.05); one overlap is not evidence.
+    stock = [5900, 5300, 6000]
+    assert report.faster_starts([8100, 7000, 6900], stock).startswith("faster over starts: p = 0.050")
+    assert report.faster_starts([8100, 5800, 6900], stock).startswith("faster over starts: p = 0.200")
 
 
 def test_a_start_with_another_schedule_is_named(tmp_path, capsys):

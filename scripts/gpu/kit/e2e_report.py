@@ -138,6 +138,19 @@ def burst_tok_s(burst: dict) -> list[float]:
     return list(burst.get("repeat_tok_s") or [burst["output_tok_s"]])
 
 
+def faster_starts(ours: list[float], theirs: list[float]) -> str:
+    """Whether the first engine is the faster one with starts, not runs, as the unit (a start moves
+    tok/s more than the runs within it: docs/results/h100-2026-12-07c): the one-sided Mann-Whitney U
+    test over start medians. Its smallest p is 1 / C(n + m, n): 0.33 for two starts of each, 0.05
+    for three, 0.014 for four."""
+    try:
+        from scipy.stats import mannwhitneyu
+    except ImportError:  # the GPU machine's stack has no scipy: the folders can be read here
+        return "p: needs scipy"
+    p = mannwhitneyu(ours, theirs, alternative="greater", method="exact").pvalue
+    return f"faster over starts: p = {p:.3f} (one-sided Mann-Whitney U, {len(ours)} against {len(theirs)})"
+
+
 def summarize_starts(starts: list[dict]) -> None:
     """Each engine's tok/s across starts (each a `load` of one folder), and Proxima's ratio to each
     other engine: of the medians over every run, and start by start (starts run in turn, so start i
@@ -167,7 +180,8 @@ def summarize_starts(starts: list[dict]) -> None:
                 paired = [a / b for a, b in zip(medians[ours], medians[theirs])]
                 ratio = statistics.median(everything[ours]) / statistics.median(everything[theirs])
                 print(f"{key:>6} {ours} / {theirs}: {ratio:.2f}x; start by start "
-                      + " ".join(f"{r:.2f}" for r in paired))
+                      + " ".join(f"{r:.2f}" for r in paired) + "; "
+                      + faster_starts(medians[ours], medians[theirs]))
 
 
 def main(folders: list[Path]) -> None:
