@@ -23,6 +23,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from proxima.engine.attention import per_token_head as pth  # noqa: E402
+from tests import vllm_reference_kernels as ref  # noqa: E402
 
 pytestmark = INTERPRETER_WARNINGS
 FORMATS = tuple(pth.PTH_FORMATS)
@@ -49,21 +50,32 @@ BYTE_TOKENS = 40 if DEVICE == "cuda" else 16
 
 
 @pytest.fixture(scope="module")
-def vllm_written(tmp_path_factory) -> list[dict]:
-    """vLLM 0.26's per-token-head writer's output for every case of BYTE_CASES (one process)."""
+def vllm_reference(tmp_path_factory) -> dict:
+    """vLLM 0.26's per-token-head writer's output for every case of BYTE_CASES, and the int4 rotation
+    pair's records (one process: tests/vllm_reference_kernels.py)."""
     cases = []
     for i, (name, dtype, head_size) in enumerate(BYTE_CASES):
         gen = torch.Generator().manual_seed(i)
         cases.append({"key": _rows(BYTE_TOKENS, 3, head_size, dtype, 2 * i),
                       "value": _rows(BYTE_TOKENS, 3, head_size, dtype, 2 * i + 1),
                       "slots": torch.randperm(120, generator=gen)[:BYTE_TOKENS], "kv_cache_dtype": name})
+    # 8 tokens x 4 heads of 128: whole 256-value chunks, and 128 is where sqrt(D) is inexact.
+    rotation = {"key": _rows(8, 4, 128, torch.bfloat16, 7), "value": _rows(8, 4, 128, torch.bfloat16, 8) * 40,
+                "slots": torch.tensor([9, 3, 17, 0, 11, 5, 14, 2])}
     work = tmp_path_factory.mktemp("vllm-writer")
-    torch.save(cases, work / "in.pt")
+    torch.save({"cases": cases, "rotation": rotation}, work / "in.pt")
     script = Path(__file__).with_name("vllm_reference_kernels.py")
     done = subprocess.run([sys.executable, str(script), str(work / "in.pt"), str(work / "out.pt")],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [{**case, **result} for case, result in zip(cases, torch.load(work / "out.pt"))]
+    out = torch.load(work / "out.pt")
+    return {"cases": [{**case, **result} for case, result in zip(cases, out["cases"])],
+            "rotation": {**rotation, **out["rotation"]}}
+
+
+@pytest.fixture(scope="module")
+def vllm_written(vllm_reference) -> list[dict]:
+    return vllm_reference["cases"]
 
 
 def _assert_codes_equal(name: str, ours: torch.Tensor, theirs: torch.Tensor, rows: torch.Tensor,
@@ -173,6 +185,58 @@ def test_slot_records_equal_vllms_writer_on_the_slot_views(vllm_written, case):
         assert (cache.rows != c["slot_records"]).float().mean() < 0.05
     else:
         assert torch.equal(cache.rows, c["slot_records"])
+
+
+@pytest.fixture
+def cpu_hadacore(monkeypatch):
+    """vLLM's int4 rotation as on a CUDA machine: its hadacore tier, with a CPU stand-in."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.ops import int4_per_token_head as vllm_int4
+
+    monkeypatch.setattr(ops, "hadacore_transform", ref.hadacore_stand_in, raising=False)
+    monkeypatch.setattr(vllm_int4, "_HADACORE_AVAILABLE", True)
+
+
+@pytest.mark.parametrize(("tokens", "heads", "head_size"), [(4, 1, 64), (8, 2, 64), (4, 8, 128), (6, 3, 256)])
+def test_the_int4_write_rotates_bf16_rows_to_vllms_bits(cpu_hadacore, tokens, heads, head_size):
+    """The CUDA write's short rotation (5 kernels) against vLLM's own chain (14), which its int4
+    writer runs before quantising: ``single_rht(x.float()).to(x.dtype)``, bit for bit."""
+    from vllm.v1.attention.ops.int4_per_token_head import single_rht
+
+    key = _rows(tokens, heads, head_size, torch.bfloat16, 3)
+    value = _rows(tokens, heads, head_size, torch.bfloat16, 4) * 40  # larger values: other roundings
+    pair = pth._rotated_pair(key, value)
+    assert pair is not None
+    for got, rows in zip(pair, (key, value)):
+        want = single_rht(rows.float()).to(rows.dtype)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_the_short_rotation_leaves_other_batches_to_vllms_chain(cpu_hadacore):
+    """Where its bits are not shown equal, vLLM's chain runs: another dtype, a batch hadacore
+    would pad (not whole 256-value chunks), and a machine without hadacore."""
+    rows = _rows(4, 1, 64, torch.bfloat16, 5)
+    assert pth._rotated_pair(rows.half(), rows.half()) is None
+    assert pth._rotated_pair(rows.float(), rows.float()) is None
+    assert pth._rotated_pair(rows[:, :, :32], rows[:, :, :32]) is None  # 4 x 32 values
+    assert pth._rotated_pair(rows, rows) is not None
+
+
+def test_the_int4_write_through_the_short_rotation_leaves_vllms_records(vllm_reference):
+    """The CUDA write path end to end (short rotation, then vLLM's quantising kernel) against
+    vLLM's whole int4 writer on the same slot views: the same records. On CPU with the hadacore
+    stand-in and the kernel under the interpreter; on a GPU with both compiled."""
+    r = vllm_reference["rotation"]
+    assert torch.equal(r["short"], r["chain"])
+    assert r["short"][r["slots"]].any(-1).all()  # every written slot holds a record
+    untouched = torch.ones(r["short"].shape[0], dtype=torch.bool)
+    untouched[r["slots"]] = False
+    assert not r["short"][untouched].any()
+
+
+def test_without_hadacore_the_int4_write_keeps_vllms_chain():
+    rows = _rows(4, 1, 64, torch.bfloat16, 6)
+    assert pth._rotated_pair(rows, rows) is None  # vLLM's CPU tier (a butterfly) is its own
 
 
 def test_a_written_slot_reads_back_what_vllms_dequantisation_gives():

@@ -87,19 +87,79 @@ def write_slots(key, value, slots, kv_cache_dtype: str):
     return cache.rows.cpu()
 
 
+def hadacore_stand_in(x, inplace: bool = True):
+    """What vLLM's CUDA Hadamard kernel (hadacore) returns for bf16 rows, ``x @ H / sqrt(D)``
+    rounded to bf16, computed on the CPU. Any such rounding serves the tests that use it: a
+    rotation held to vLLM's chain must give the chain's bits whatever hadacore's own are (on a
+    GPU the real kernel runs)."""
+    import math
+
+    from proxima.engine.attention.per_token_head import _butterfly
+
+    y = (_butterfly(x.float()) / math.sqrt(x.shape[-1])).to(x.dtype)
+    return x.copy_(y) if inplace else y
+
+
+def use_hadacore_stand_in() -> None:
+    """vLLM's int4 rotation as on a CUDA machine (its hadacore tier), with the stand-in above."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.ops import int4_per_token_head as vllm_int4
+
+    ops.hadacore_transform = hadacore_stand_in
+    vllm_int4._HADACORE_AVAILABLE = True
+
+
+def write_slots_both_ways(key, value, slots) -> dict:
+    """int4 records written on Proxima's slot views twice: by `per_token_head.vllm_write` (its short
+    rotation for bf16 rows, then vLLM's quantising kernel) and by vLLM's whole writer, rotation
+    chain included, as the write ran before."""
+    import torch
+    from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (
+        triton_reshape_and_cache_flash_per_token_head_quant,
+    )
+    from vllm.v1.kv_cache_interface import KVQuantMode
+
+    from proxima.engine.attention import per_token_head
+
+    fmt = per_token_head.PTH_FORMATS["int4_per_token_head"]
+    num_heads, head_size = key.shape[1], key.shape[2]
+
+    def cache():
+        raw = torch.zeros(int(slots.max()) + 1, 1, num_heads, fmt.record_bytes(head_size),
+                          dtype=torch.uint8, device=key.device)
+        return per_token_head.cache_views(raw, fmt, num_heads, head_size)
+
+    short, chain = cache(), cache()
+    assert per_token_head._rotated_pair(key, value) is not None, "the short rotation must serve this batch"
+    per_token_head.vllm_write(key, value, short, slots)
+    triton_reshape_and_cache_flash_per_token_head_quant(
+        key, value, *(t.unsqueeze(1) for t in (chain.k_codes, chain.v_codes, chain.k_scales, chain.v_scales)),
+        slots, kv_quant_mode=KVQuantMode.INT4_PER_TOKEN_HEAD)
+    return {"short": short.rows.cpu(), "chain": chain.rows.cpu()}
+
+
 def main(in_path: str, out_path: str) -> None:
+    """IN.pt: {"cases": [...], "rotation": {key, value, slots}}; OUT.pt: each case's bytes as
+    written by vLLM's writer and on the slot views, and the rotation pair's two records."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         _real_triton()
-    cases = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in c.items()}
-             for c in torch.load(in_path)]
+
+    def here(c: dict) -> dict:
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in c.items()}
+
+    given = torch.load(in_path)
     results = [{**write_stock(c["key"], c["value"], c["slots"], c["kv_cache_dtype"]),
                 "slot_records": write_slots(c["key"], c["value"], c["slots"], c["kv_cache_dtype"]),
                 "device": device}
-               for c in cases]
-    torch.save(results, out_path)
+               for c in map(here, given["cases"])]
+    if device == "cpu":  # after the cases: they hold the CPU writer to vLLM's CPU tier
+        use_hadacore_stand_in()
+    pair = here(given["rotation"])
+    rotation = write_slots_both_ways(pair["key"], pair["value"], pair["slots"])
+    torch.save({"cases": results, "rotation": rotation}, out_path)
 
 
 if __name__ == "__main__":

@@ -263,10 +263,86 @@ def vllm_write(key: Tensor, value: Tensor, cache: PTHCache, slot_mapping: Tensor
 
     if cache.fmt.packed:
         key, value, slot_mapping = _even_hadamard_chunks(key, value, slot_mapping)
+        rotated = _rotated_pair(key, value)
+        if rotated is not None:
+            _write_int4_rotated(rotated[0], rotated[1], cache, slot_mapping)
+            return
 
     triton_reshape_and_cache_flash_per_token_head_quant(
         key, value, blocks(cache.k_codes), blocks(cache.v_codes), blocks(cache.k_scales),
         blocks(cache.v_scales), slot_mapping, kv_quant_mode=get_kv_quant_mode(cache.fmt.name))
+
+
+def _write_int4_rotated(key: Tensor, value: Tensor, cache: PTHCache, slot_mapping: Tensor) -> None:
+    """vLLM 0.26's int4 quantising kernel (``_reshape_cache_int4_kernel``, what its writer launches
+    after rotating) over rotated K/V rows, into the slot views (one position a block), launched as
+    its ``_run_reshape_kernel`` launches it, through the compiled handle after the first launch."""
+    import triton
+
+    from proxima.engine.attention.kernel_launch import tensor_key
+
+    num_tokens, num_kv_heads, head_size = key.shape
+    packed = triton.next_power_of_2(head_size // 2)
+    caches = (cache.k_codes.unsqueeze(1), cache.v_codes.unsqueeze(1))  # [S, 1, Hkv, C]: blocks of one
+    scales = (cache.k_scales.unsqueeze(1), cache.v_scales.unsqueeze(1))
+    tensors = (key, value, *caches, *scales, slot_mapping)
+    ints = (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            *caches[0].stride()[:3], *caches[1].stride()[:3], *scales[0].stride(), *scales[1].stride())
+    # block_size, head_size, head_size_v, PACKED_HEAD_PADDED
+    constexprs = (1, head_size, value.shape[2], packed)
+    num_warps = min(16, max(1, packed // 32))
+    key_of_launch = (key.device.index, tensor_key(tensors), ints, constexprs, num_warps)
+    _int4_write_launch()((num_tokens, num_kv_heads, 1), (*tensors, *ints, *constexprs), key_of_launch,
+                         num_warps=num_warps)
+
+
+@functools.cache
+def _int4_write_launch():
+    """The launcher of vLLM's int4 kernel, made once (vLLM and Triton imported on first use)."""
+    from vllm.v1.attention.ops.int4_per_token_head import _reshape_cache_int4_kernel
+
+    from proxima.engine.attention.kernel_launch import CompiledLaunch
+
+    return CompiledLaunch(_reshape_cache_int4_kernel)
+
+
+def _rotated_pair(key: Tensor, value: Tensor) -> Tensor | None:
+    """bf16 K and V rotated as vLLM 0.26's int4 writer rotates them before it quantises
+    (``single_rht(x.float()).to(x.dtype)``), to the bit, in 4 kernels where its chain takes 14.
+
+    vLLM's chain per tensor: to float32, times the signs, to bf16, its CUDA Hadamard kernel
+    (hadacore: ``x @ H / sqrt(D)`` in bf16), to float32, times ``sqrt(D)``, back to bf16: seven
+    launches, each paying the host's launch cost in steps that run outside CUDA graphs (the whole
+    write took 343 us of host time a layer on an H100) and its minimum GPU time in every step.
+    Here: bf16 times bf16 signs is the same bf16 (a sign flip is exact in both), hadacore gets the
+    same rows, and an in-place bf16 multiply by ``sqrt(D)`` computes in float32 and rounds once to
+    bf16, as float32 then ``.to`` does. Returns ``[2, T, Hkv, D]``, K then V; None where this does
+    not apply (another dtype, no hadacore, a batch hadacore would pad): vLLM's chain then runs."""
+    from vllm.v1.attention.ops import int4_per_token_head as vllm_int4
+
+    d = key.shape[-1]
+    if (key.dtype != torch.bfloat16 or value.dtype != torch.bfloat16 or value.shape != key.shape
+            or key.numel() % 256 or d > 1 << 15 or not vllm_int4._hadacore_available()):
+        return None
+    from vllm import _custom_ops as ops
+
+    pair = torch.empty((2, *key.shape), dtype=torch.bfloat16, device=key.device)
+    signs = _bf16_signs(d, key.device)
+    torch.mul(key, signs, out=pair[0])
+    torch.mul(value, signs, out=pair[1])
+    # One call for K and V: hadacore transforms each row of D values on its own, and an even number
+    # of 256-value chunks (K's count, doubled) keeps it off the masked path that gets rows wrong
+    # (`_even_hadamard_chunks`). In place: hadacore pads, and returns a copy, only when the values
+    # are not whole chunks (the numel check above).
+    ops.hadacore_transform(pair, inplace=True)
+    return pair.mul_(d ** 0.5)
+
+
+@functools.cache
+def _bf16_signs(head_size: int, device: torch.device) -> Tensor:
+    from vllm.v1.attention.ops.int4_per_token_head import _get_rht_signs
+
+    return _get_rht_signs(head_size, 0, torch.device("cpu")).to(device=device, dtype=torch.bfloat16)
 
 
 def _even_hadamard_chunks(key: Tensor, value: Tensor, slot_mapping: Tensor) -> tuple[Tensor, Tensor, Tensor]:
