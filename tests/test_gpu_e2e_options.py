@@ -132,3 +132,11 @@ def test_starts_run_in_turn_each_other_one_reversed(tmp_path, monkeypatch, capsy
         sorted(f"start{i}/{name}.json" for i in (1, 2, 3) for name in pair)
     assert f"tight {pair[1]} / {pair[0]}: 1.50x; start by start 1.50 1.50 1.50" in \
         " ".join(capsys.readouterr().out.split())
+
+
+def test_a_graph_size_below_one_token_is_refused_before_any_engine_starts(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["e2e.py", "model", "out", "--graph-tokens", "0"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert "--graph-tokens takes a token count of 1 or more" in capsys.readouterr().err

@@ -42,16 +42,21 @@ def main() -> None:
     p.add_argument("--starts", type=int, default=1,
                    help="start each engine N times in turn (OUT/start1, ...): tok/s moves more between "
                         "starts than between repeats, so a ratio of engines wants N >= 2")
+    p.add_argument("--graph-tokens", type=int, default=None, metavar="N",
+                   help="the *-full engines replay steps of up to N tokens from CUDA graphs (vLLM's "
+                        "max_cudagraph_capture_size; default 512 here): larger steps run outside graphs")
     args = p.parse_args()
     if args.repeats < 1 or args.starts < 1:
         p.error("--repeats and --starts take a count of 1 or more")
+    if args.graph_tokens is not None and args.graph_tokens < 1:
+        p.error("--graph-tokens takes a token count of 1 or more (at most vLLM's max-num-batched-tokens)")
     from kit import e2e
 
     only = set(args.only.split(",")) if args.only else None
     if only and only - set(e2e.ENGINES):
         p.error(f"unknown engines: {', '.join(sorted(only - set(e2e.ENGINES)))}")
     e2e.run(args.model, args.out, only, args.profile, args.shared_prefix, not args.no_tiles, args.repeats,
-            args.starts)
+            args.starts, args.graph_tokens)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,10 @@ def build_seeded_model(path: Path) -> None:
                                              init_std=0.05, seed=1))
 
 
-def engine_spec(model: str, name: str) -> EngineSpec:
+def engine_spec(model: str, name: str, graph_tokens: int | None = None) -> EngineSpec:
+    """`graph_tokens`: the largest step the *-full engines replay from a CUDA graph (vLLM's
+    max_cudagraph_capture_size; None: vLLM's default, 512 here). Larger steps run outside graphs,
+    paying each layer's host launch cost."""
     proxima, backend, kv_bytes, _ = ENGINES[name]
     seeded = name in SEEDED
     if seeded:
@@ -115,8 +118,10 @@ def engine_spec(model: str, name: str) -> EngineSpec:
     # Prefix caching at vLLM's default (on) for every engine, as users run stock. CUDA graphs:
     # FULL for the *-full engines; the others name vLLM's default level, so that Proxima's get
     # vLLM's default graphs too (proxima serve would otherwise choose FULL for them).
-    graphs = ({"compilation_config": {"cudagraph_mode": "FULL"}} if name in FULL_GRAPHS
-              else {"optimization_level": 2})
+    full = {"cudagraph_mode": "FULL"}
+    if graph_tokens:
+        full["max_cudagraph_capture_size"] = graph_tokens
+    graphs = {"compilation_config": full} if name in FULL_GRAPHS else {"optimization_level": 2}
     flags = vllm_flags(load_format="auto" if seeded else "dummy", dtype="bfloat16", max_model_len=2048,
                        seed=0, kv_cache_memory_bytes=kv_bytes, max_num_seqs=512, attention_backend=backend,
                        kv_cache_dtype=kv_cache_dtype(name),
@@ -269,7 +274,8 @@ def throughput(recorder, outs, requests: int, wall: float, ended: float) -> dict
 
 
 def run(model: str, out_dir: Path, only: set[str] | None, profile: bool,
-        shared_prefix: tuple[int, ...] = (0,), tiles: bool = True, repeats: int = 1, starts: int = 1) -> None:
+        shared_prefix: tuple[int, ...] = (0,), tiles: bool = True, repeats: int = 1, starts: int = 1,
+        graph_tokens: int | None = None) -> None:
     """Every engine (or those in `only`) in a fresh process, one after the other; then the summary.
     With `starts` > 1 the engines start that many times in turn, each start's files in
     out_dir/start<i>, every other start in reverse order (so no engine always runs first or last
@@ -278,18 +284,19 @@ def run(model: str, out_dir: Path, only: set[str] | None, profile: bool,
         build_seeded_model(Path(model).parent / "seeded-model")
     names = [name for name in ENGINES if not only or name in only]
     if starts == 1:
-        run_start(model, out_dir, names, profile, shared_prefix, tiles, repeats)
+        run_start(model, out_dir, names, profile, shared_prefix, tiles, repeats, graph_tokens)
         summarize(out_dir, ENGINES)
         return
     folders = [out_dir / f"start{i + 1}" for i in range(starts)]
     for i, folder in enumerate(folders):
         print(f"start {i + 1} of {starts}", flush=True)
-        run_start(model, folder, names[::-1] if i % 2 else names, profile, shared_prefix, tiles, repeats)
+        run_start(model, folder, names[::-1] if i % 2 else names, profile, shared_prefix, tiles, repeats,
+                  graph_tokens)
     summarize_starts([load(folder, ENGINES) for folder in folders])
 
 
 def run_start(model: str, out_dir: Path, names: list[str], profile: bool, shared_prefix: tuple[int, ...],
-              tiles: bool, repeats: int) -> None:
+              tiles: bool, repeats: int, graph_tokens: int | None = None) -> None:
     """One start of each engine in `names`, in that order: its JSON and log in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
@@ -297,8 +304,9 @@ def run_start(model: str, out_dir: Path, names: list[str], profile: bool, shared
         log.unlink(missing_ok=True)
         t = time.perf_counter()
         try:
-            result = run_isolated(job, engine_spec(model, name), name, profile, shared_prefix, tiles,
-                                  repeats, timeout=300, log_path=log)
+            spec = engine_spec(model, name, graph_tokens)
+            result = run_isolated(job, spec, name, profile, shared_prefix, tiles, repeats, timeout=300,
+                                  log_path=log)
         except EngineProcessError as err:
             # The error's head (the child's traceback), then the engine log's tail.
             print(f"{name}: failed in {time.perf_counter() - t:.0f}s\n{str(err)[:8000]}", flush=True)
