@@ -234,6 +234,20 @@ def test_the_int4_write_through_the_short_rotation_leaves_vllms_records(vllm_ref
     assert not r["short"][untouched].any()
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="a compiled kernel's handle exists on the GPU only")
+def test_a_relaunched_int4_write_leaves_the_bytes_of_its_first_launch(vllm_written):
+    """The first int4 write of a shape launches vLLM's kernel through Triton; later ones call the
+    kept compiled handle with the same arguments (kernel_launch.CompiledLaunch). Both must leave
+    vLLM's bytes."""
+    case = BYTE_CASES.index(("int4_per_token_head", torch.bfloat16, 128))
+    c = vllm_written[case]
+    fmt = pth.PTH_FORMATS["int4_per_token_head"]
+    first, again = _written_on_cuda(c, fmt), _written_on_cuda(c, fmt)
+    assert pth._int4_write_launch()._compiled, "the compiled handle was not kept"
+    assert torch.equal(first.rows, again.rows)
+    assert again.rows[c["slots"].cuda()].any(-1).all()
+
+
 def test_without_hadacore_the_int4_write_keeps_vllms_chain():
     rows = _rows(4, 1, 64, torch.bfloat16, 6)
     assert pth._rotated_pair(rows, rows) is None  # vLLM's CPU tier (a butterfly) is its own
