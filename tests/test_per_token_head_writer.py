@@ -235,15 +235,16 @@ def test_the_int4_write_through_the_short_rotation_leaves_vllms_records(vllm_ref
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="a compiled kernel's handle exists on the GPU only")
-def test_a_relaunched_int4_write_leaves_the_bytes_of_its_first_launch(vllm_written):
-    """The first int4 write of a shape launches vLLM's kernel through Triton; later ones call the
-    kept compiled handle with the same arguments (kernel_launch.CompiledLaunch). Both must leave
-    vLLM's bytes."""
-    case = BYTE_CASES.index(("int4_per_token_head", torch.bfloat16, 128))
-    c = vllm_written[case]
-    fmt = pth.PTH_FORMATS["int4_per_token_head"]
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_relaunched_write_leaves_the_bytes_of_its_first_launch(vllm_written, name):
+    """The first write of a shape launches vLLM's quantising kernel through Triton; later ones call
+    the kept compiled handle with the same arguments (kernel_launch.CompiledLaunch). Both must
+    leave vLLM's bytes."""
+    c = vllm_written[BYTE_CASES.index((name, torch.bfloat16, 128))]
+    fmt = pth.PTH_FORMATS[name]
     first, again = _written_on_cuda(c, fmt), _written_on_cuda(c, fmt)
-    assert pth._int4_write_launch()._compiled, "the compiled handle was not kept"
+    kernel = "int4" if fmt.packed else "per_token_head"
+    assert pth._vllm_writer(kernel)._compiled, "the compiled handle was not kept"
     assert torch.equal(first.rows, again.rows)
     assert again.rows[c["slots"].cuda()].any(-1).all()
 

@@ -252,58 +252,76 @@ def write(key: Tensor, value: Tensor, cache: PTHCache, slot_mapping: Tensor) -> 
 
 def vllm_write(key: Tensor, value: Tensor, cache: PTHCache, slot_mapping: Tensor) -> None:
     """vLLM's own Triton writer on the slot views: the slot is a block of one position. Skips
-    negative slots in-kernel (no host sync), so it is graph-capturable."""
-    from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (
-        triton_reshape_and_cache_flash_per_token_head_quant,
-    )
-    from vllm.v1.kv_cache_interface import get_kv_quant_mode
+    negative slots in-kernel (no host sync), so it is graph-capturable.
 
-    def blocks(t: Tensor) -> Tensor:  # [S, Hkv, ...] -> [S, 1, Hkv, ...]: block size 1
-        return t.unsqueeze(1)
+    vLLM's quantising kernels are launched as its writer launches them, through their compiled
+    handles after the first launch (``kernel_launch``: a Triton launch's own host work is most of
+    a small kernel's cost in steps run outside CUDA graphs). int4 rows are rotated first:
+    ``_rotated_pair`` for bf16 rows where hadacore runs; otherwise vLLM's whole writer runs."""
+    import triton
+    from vllm.v1.attention.ops.triton_reshape_and_cache_flash import _PER_TOKEN_HEAD_QUANT_PARAMS
 
     if cache.fmt.packed:
         key, value, slot_mapping = _even_hadamard_chunks(key, value, slot_mapping)
         rotated = _rotated_pair(key, value)
         if rotated is not None:
-            _write_int4_rotated(rotated[0], rotated[1], cache, slot_mapping)
+            packed = triton.next_power_of_2(key.shape[2] // 2)
+            _launch_vllm_writer("int4", rotated[0], rotated[1], cache, slot_mapping, (packed,), packed)
             return
+    elif (params := _PER_TOKEN_HEAD_QUANT_PARAMS.get(cache.k_codes.dtype)) is not None:
+        padded = triton.next_power_of_2(max(key.shape[2], value.shape[2]))
+        tail = (padded, *params, cache.k_codes.dtype == torch.int8)  # ..., QUANT_MAX, QUANT_MIN, IS_INT_QUANT
+        _launch_vllm_writer("per_token_head", key, value, cache, slot_mapping, tail, padded)
+        return
+    _vllm_whole_writer(key, value, cache, slot_mapping)
 
+
+def _vllm_whole_writer(key: Tensor, value: Tensor, cache: PTHCache, slot_mapping: Tensor) -> None:
+    """vLLM's writer as its backend calls it (int4: its own rotation chain first)."""
+    from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (
+        triton_reshape_and_cache_flash_per_token_head_quant,
+    )
+    from vllm.v1.kv_cache_interface import get_kv_quant_mode
+
+    views = (cache.k_codes, cache.v_codes, cache.k_scales, cache.v_scales)
     triton_reshape_and_cache_flash_per_token_head_quant(
-        key, value, blocks(cache.k_codes), blocks(cache.v_codes), blocks(cache.k_scales),
-        blocks(cache.v_scales), slot_mapping, kv_quant_mode=get_kv_quant_mode(cache.fmt.name))
+        key, value, *(t.unsqueeze(1) for t in views), slot_mapping,
+        kv_quant_mode=get_kv_quant_mode(cache.fmt.name))
 
 
-def _write_int4_rotated(key: Tensor, value: Tensor, cache: PTHCache, slot_mapping: Tensor) -> None:
-    """vLLM 0.26's int4 quantising kernel (``_reshape_cache_int4_kernel``, what its writer launches
-    after rotating) over rotated K/V rows, into the slot views (one position a block), launched as
-    its ``_run_reshape_kernel`` launches it, through the compiled handle after the first launch."""
-    import triton
-
+def _launch_vllm_writer(kernel: str, key: Tensor, value: Tensor, cache: PTHCache, slot_mapping: Tensor,
+                        tail: tuple, width: int) -> None:
+    """One launch of vLLM 0.26's quantising kernel ``kernel`` ("int4": ``_reshape_cache_int4_kernel``;
+    "per_token_head": int8/fp8's ``_reshape_cache_per_token_head``) over K/V rows into the slot
+    views (blocks of one position), with its grid, arguments and warps as vLLM's launchers give them
+    (``_run_reshape_kernel``, ``triton_reshape_and_cache_flash_per_token_head_quant``). ``tail``:
+    the constexprs after ``head_size_v``; ``width``: the padded row the warps are sized from."""
     from proxima.engine.attention.kernel_launch import tensor_key
 
     num_tokens, num_kv_heads, head_size = key.shape
-    packed = triton.next_power_of_2(head_size // 2)
     caches = (cache.k_codes.unsqueeze(1), cache.v_codes.unsqueeze(1))  # [S, 1, Hkv, C]: blocks of one
     scales = (cache.k_scales.unsqueeze(1), cache.v_scales.unsqueeze(1))
     tensors = (key, value, *caches, *scales, slot_mapping)
     ints = (key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             *caches[0].stride()[:3], *caches[1].stride()[:3], *scales[0].stride(), *scales[1].stride())
-    # block_size, head_size, head_size_v, PACKED_HEAD_PADDED
-    constexprs = (1, head_size, value.shape[2], packed)
-    num_warps = min(16, max(1, packed // 32))
-    key_of_launch = (key.device.index, tensor_key(tensors), ints, constexprs, num_warps)
-    _int4_write_launch()((num_tokens, num_kv_heads, 1), (*tensors, *ints, *constexprs), key_of_launch,
+    constexprs = (1, head_size, value.shape[2], *tail)  # block_size, head_size, head_size_v, ...
+    num_warps = min(16, max(1, width // 32))
+    launch_key = (key.device.index, tensor_key(tensors), ints, constexprs, num_warps)
+    _vllm_writer(kernel)((num_tokens, num_kv_heads, 1), (*tensors, *ints, *constexprs), launch_key,
                          num_warps=num_warps)
 
 
 @functools.cache
-def _int4_write_launch():
-    """The launcher of vLLM's int4 kernel, made once (vLLM and Triton imported on first use)."""
-    from vllm.v1.attention.ops.int4_per_token_head import _reshape_cache_int4_kernel
-
+def _vllm_writer(kernel: str):
+    """The launcher of one of vLLM's quantising kernels, made once (vLLM and Triton imported on
+    first use)."""
     from proxima.engine.attention.kernel_launch import CompiledLaunch
 
-    return CompiledLaunch(_reshape_cache_int4_kernel)
+    if kernel == "int4":
+        from vllm.v1.attention.ops.int4_per_token_head import _reshape_cache_int4_kernel as fn
+    else:
+        from vllm.v1.attention.ops.triton_reshape_and_cache_flash import _reshape_cache_per_token_head as fn
+    return CompiledLaunch(fn)
 
 
 def _rotated_pair(key: Tensor, value: Tensor) -> Tensor | None:
