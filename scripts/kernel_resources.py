@@ -78,6 +78,7 @@ def _variant(cache: str, tiles: TileConfig, split: bool, head_size: int = D,
             "k_scale_ptr": "fp32" if fp8 or codes else cache,
             "v_scale_ptr": "fp32" if fp8 or codes else cache,
             "rht_ptr": "fp32" if codes == 2 else "bf16", "signs_ptr": "fp32" if codes == 2 else "bf16",
+            "longest_query_ptr": "i32",
             "q_ptr": model, "out_ptr": model}
     return ptrs, const
 

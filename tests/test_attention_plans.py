@@ -165,13 +165,14 @@ def test_a_plan_of_two_launches_equals_the_one_launch_plan(num_splits: int, cach
         out = torch.full_like(b.output, float("nan"))
         plan = ta._launch_plan(b.query, k, v, b.slot_table, b.query_start_loc, b.seq_lens, b.scale, out,
                                b.query.shape[0], tiles, num_splits, scales)
-        assert len(plan) == (tiles is two) + (num_splits > 1) + 1
+        # Two launches: the longest query's launch first (the long launch reads it).
+        assert len(plan) == 2 * (tiles is two) + (num_splits > 1) + 1
         for launch, grid, args, key, options in plan:
             launch(grid, args, key, **options)
         outputs.append(out.cpu())
         if tiles is two and num_splits == 1:  # each launch alone writes only its own requests' rows
             short = torch.tensor([q <= one.short_block_m // 4 for q, _ in requests for _ in range(q)])
-            for (launch, grid, args, key, options), mine in zip(plan, (short, ~short)):
+            for (launch, grid, args, key, options), mine in zip(plan[1:], (short, ~short)):
                 alone = torch.full_like(b.output, float("nan"))
                 launch(grid, tuple(alone if a is out else a for a in args), key, **options)
                 written = torch.isfinite(alone[: b.num_queries].cpu()).all(-1).all(-1)
@@ -213,3 +214,39 @@ def test_a_uniform_decode_graph_gets_the_decode_plan(monkeypatch: pytest.MonkeyP
             assert uniform_graph_query_len(meta) == expected
     with override_forward_context(create_forward_context(None, config)):  # eager: no descriptor
         assert uniform_graph_query_len(meta) is None
+
+
+def test_the_longest_query_is_found_on_the_device() -> None:
+    """Over more requests than the kernel reads at a time (512), empty ones and the longest last."""
+    from proxima.engine.attention import triton_attention as ta
+
+    triton_attention_or_skip()
+    for lengths in ([1], [0, 0], [3, 0, 7, 1], [1] * 700 + [0, 9], [5] + [1] * 1030):
+        starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        assert int(ta.longest_query(starts.to(DEVICE))) == max(lengths)
+
+
+def test_a_long_launch_reads_the_longest_query_before_anything_else() -> None:
+    """The long launch of a two-launch plan returns at once when the longest query fits the short
+    tiles: told so (falsely, here) it writes nothing, though a long request is there; told the
+    truth, it writes the long requests' rows."""
+    from dataclasses import replace
+
+    from proxima.engine.attention import triton_attention as ta
+
+    triton_attention_or_skip()
+    requests = [(1, 30), (21, 60), (1, 1)]
+    b = make_batch(requests, 8, 2, 64, fragmented=True, seed=6)
+    one = planning.TileConfig(32, 16, short_block_m=16, short_block_n=32)
+    two = replace(one, short_launch=planning.TileConfig(16, 32, 8, 1))
+    long_rows = torch.tensor([q > 16 // 4 for q, _ in requests for _ in range(q)])
+    for told, written in ((torch.tensor([4]), False), (torch.tensor([21]), True)):
+        out = torch.full_like(b.output, float("nan"))
+        plan = ta._launch_plan(b.query, b.k_cache, b.v_cache, b.slot_table, b.query_start_loc, b.seq_lens,
+                               b.scale, out, b.query.shape[0], two, 1, None,
+                               longest_query=told.to(torch.int32).to(DEVICE))
+        assert len(plan) == 2  # given the longest query, no launch of its own
+        launch, grid, args, key, options = plan[1]
+        launch(grid, args, key, **options)
+        rows = torch.isfinite(out[: b.num_queries].cpu()).all(-1).all(-1)
+        assert torch.equal(rows, long_rows if written else torch.zeros_like(long_rows))

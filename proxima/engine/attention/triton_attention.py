@@ -62,6 +62,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -108,11 +109,47 @@ def _find_request(query_start_loc_ptr, tile_idx, num_requests, BLOCK_Q: tl.const
     return lo - 1
 
 
+@triton.jit(do_not_specialize=["num_requests"])
+def _longest_query_kernel(query_start_loc_ptr, out_ptr, num_requests, BLOCK: tl.constexpr):
+    """out[0] = max over requests of query_start_loc[r + 1] - query_start_loc[r] (one program)."""
+    longest = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, num_requests, BLOCK):
+        r = start + tl.arange(0, BLOCK)
+        inside = r < num_requests
+        first = tl.load(query_start_loc_ptr + r, mask=inside, other=0)
+        end = tl.load(query_start_loc_ptr + r + 1, mask=inside, other=0)
+        longest = tl.maximum(longest, end - first)
+    tl.store(out_ptr, tl.max(longest, axis=0))
+
+
+_launch_longest_query = CompiledLaunch(_longest_query_kernel)
+_LONGEST_QUERY_BLOCK = 512
+
+
+def longest_query_launch(query_start_loc: Tensor) -> tuple[Tensor, tuple]:
+    """A one-element int32 tensor and the plan entry (launcher, grid, args, key, options) that
+    writes the batch's longest query into it, on the GPU: no host sync, so a CUDA graph replays it
+    with each batch."""
+    out = torch.empty(1, dtype=torch.int32, device=query_start_loc.device)
+    tensors = (query_start_loc, out)
+    args = (*tensors, query_start_loc.shape[0] - 1, _LONGEST_QUERY_BLOCK)
+    key = (query_start_loc.device.index, tensor_key(tensors), _LONGEST_QUERY_BLOCK)
+    return out, (_launch_longest_query, (1, 1, 1), args, key, {"num_warps": 4})
+
+
+def longest_query(query_start_loc: Tensor) -> Tensor:
+    """The batch's longest query as a one-element int32 tensor on its device (one launch): what a
+    caller computes once a step and gives each layer's `slot_attention_triton`."""
+    out, (launch, grid, args, key, options) = longest_query_launch(query_start_loc)
+    launch(grid, args, key, **options)
+    return out
+
+
 @triton.jit(do_not_specialize=UNSPECIALIZED)
 def _slot_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, slot_table_ptr, query_start_loc_ptr, seq_lens_ptr,
-    acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr, v_scale_ptr, rht_ptr, signs_ptr, k_desc, v_desc,
-    qk_scale, num_requests, num_actual_tokens, num_splits,
+    acc_ws_ptr, m_ws_ptr, l_ws_ptr, k_scale_ptr, v_scale_ptr, rht_ptr, signs_ptr, longest_query_ptr,
+    k_desc, v_desc, qk_scale, num_requests, num_actual_tokens, num_splits,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_s, stride_k_h, stride_v_s, stride_v_h, stride_table_r, stride_ks_s, stride_ks_h,
     stride_acc_t, stride_acc_h, stride_acc_s, stride_ml_t, stride_ml_h,
@@ -130,9 +167,15 @@ def _slot_attention_kernel(
     is attended with that tile and ``SHORT_BLOCK_N``-token KV tiles instead (its only program is
     its first ``BLOCK_Q`` tile, since a short query fits there too). ``ROLE`` (a mixed plan of two
     launches, ``TileConfig.short_launch``): 1 attends only the short requests, program 0 of axis 0
-    being request 0 (the grid has one per request); 2 only the others; 0 both."""
+    being request 0 (the grid has one per request); 2 only the others; 0 both. A ROLE 2 launch
+    reads the batch's longest query (``longest_query``) first: when every request is short, the
+    other launch serves them all, and each program returns after that one load instead of
+    searching for its request (a decode-only step replayed from a mixed CUDA graph)."""
     tile_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
+    if ROLE == 2:
+        if tl.load(longest_query_ptr) <= SHORT_BLOCK_M // GROUP:
+            return
     if ROLE == 1:
         req = tile_idx
     else:
@@ -195,6 +238,7 @@ def slot_attention_triton(
     max_seq_len: int | None = None,
     graph_max_query_len: int | None = None,
     kv_scales: KVScales | None = None,
+    longest_query: Tensor | None = None,
 ) -> Tensor:
     """Triton ``slot_attention_torch``: same signature, same semantics, writes ``output`` in place.
 
@@ -205,7 +249,9 @@ def slot_attention_triton(
     While a graph is captured the query-length hint is dropped too (a mixed plan, which serves any
     batch), unless ``graph_max_query_len`` bounds the queries of every batch the graph will replay:
     vLLM's uniform-decode graphs replay only batches of 1 + speculative tokens a request, and those
-    get the decode plan.
+    get the decode plan. ``longest_query``: the batch's longest query on the device
+    (`longest_query(query_start_loc)`, once a step for all layers); computed here when a launch
+    needs it and it is not given.
 
     Metadata values are trusted (checking them would sync the device): ``query_start_loc`` must be
     non-decreasing with ``query_start_loc[-1] <= T``, and ``q_len <= seq_lens[r] <= slot_table
@@ -236,7 +282,7 @@ def slot_attention_triton(
                     and graph_max_query_len * group <= gluon_int4_decode.ROWS_OUT)
     for launch, grid, args, key, options in _launch_plan(
         query, k_cache, v_cache, slot_table, query_start_loc, seq_lens, scale, output, row_limit, tiles,
-        num_splits, kv_scales, decodes_only,
+        num_splits, kv_scales, decodes_only, longest_query,
     ):
         launch(grid, args, key, **options)
     return output
@@ -245,7 +291,7 @@ def slot_attention_triton(
 def _launch_plan(
     query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
     seq_lens: Tensor, scale: float, output: Tensor, row_limit: int, tiles: TileConfig, num_splits: int,
-    kv_scales: KVScales | None = None, decodes_only: bool = False,
+    kv_scales: KVScales | None = None, decodes_only: bool = False, longest_query: Tensor | None = None,
 ) -> list[tuple[CompiledLaunch, tuple[int, int, int], tuple, tuple, dict]]:
     """The kernel launches of one attention call: (launcher, grid, args, cache key, options) each.
 
@@ -255,7 +301,9 @@ def _launch_plan(
     An int4 cache's mixed plan, where ``gluon_int4_decode`` serves the shapes: that kernel attends
     the requests of at most ``ROWS_OUT`` rows (decodes), the unified kernel the others (its long
     launch, whose short-request threshold becomes those rows); ``decodes_only`` (every request is
-    such a one, a bound the caller guarantees): the decode kernel alone.
+    such a one, a bound the caller guarantees): the decode kernel alone. The unified kernel's
+    launch beside it reads the batch's longest query (``longest_query``, or a launch of its own
+    first) and returns at once when there is none longer than the decode kernel takes.
     """
     num_tokens, num_query_heads, head_size = query.shape
     num_kv_heads = k_cache.shape[1]
@@ -283,8 +331,15 @@ def _launch_plan(
     descriptors = (kv_descriptors(k_cache, v_cache, tiles.block_n, head_size) if dense_kv
                    else (k_cache, v_cache))
     # Launch arguments in the kernel's parameter order, constexprs last (see kernel_launch.py).
+    # A plan of two launches (a ROLE 2 launch beside the short requests' own) reads the longest query.
+    two_launches = not decodes_only if int4_decode else tiles.short_launch is not None
+    prelude = []
+    if two_launches and longest_query is None:
+        longest_query, entry = longest_query_launch(query_start_loc)
+        prelude.append(entry)
+    # query_start_loc stands in for it where no launch reads it (int32 as well).
     tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws,
-               k_scale, v_scale, rht, signs)
+               k_scale, v_scale, rht, signs, longest_query if two_launches else query_start_loc)
     if codes == 2:  # int4 attends in vLLM's rotated space, whose dot products are D times larger
         scale = scale / head_size
     runtime = (float(scale) * _LOG2_E, num_requests, row_limit, num_splits)  # not specialized on
@@ -314,7 +369,7 @@ def _launch_plan(
                 {"num_warps": shape.num_warps, "num_stages": shape.num_stages})
 
     if int4_decode:
-        plan = [gluon_int4_decode.decode_launch(
+        plan = prelude + [gluon_int4_decode.decode_launch(
             query, kv_scales, slot_table, query_start_loc, seq_lens, scale * head_size, output, row_limit,
             num_splits, signs, (acc_ws, m_ws, l_ws), ws_strides)]
         if not decodes_only:
@@ -322,7 +377,7 @@ def _launch_plan(
     elif tiles.short_launch is None:
         plan = [launch((num_tiles, num_kv_heads, num_splits), 0, tiles)]
     else:  # both write the same workspace (each request's rows belong to one), merged once below
-        plan = [launch((num_requests, num_kv_heads, num_splits), 1, tiles.short_launch),
+        plan = prelude + [launch((num_requests, num_kv_heads, num_splits), 1, tiles.short_launch),
                 launch((num_tiles, num_kv_heads, num_splits), 2, tiles)]
     if num_splits > 1:
         plan.append(merge_launch(acc_ws, m_ws, l_ws, output, query_start_loc, num_requests, row_limit,
