@@ -105,20 +105,21 @@ def test_warm_up_compiles_every_variant_the_launches_use(monkeypatch: pytest.Mon
     def launch(self, grid, args, key, **options) -> None:
         launched.add(variant(self, key, options))
 
-    monkeypatch.setattr(CompiledLaunch, "compile", compile_)
-    monkeypatch.setattr(CompiledLaunch, "__call__", launch)
-    monkeypatch.setattr(planning, "num_sms", lambda device: 132)
     batches = ([(1, 300)] * 3, [(30, 500), (1, 200), (1, 1)], [(1, 2000)], [(1, 40)] * 40)
     width = max(s for requests in batches for _, s in requests) + 5  # make_batch's width
+    made = []  # written before launches are recorded: a GPU KV write is a launch too, not attention's
     for requests in batches:
         if cache == "float32":
-            b = make_batch(requests, 8, 2, 64, seed=len(requests))
-            scales = None
+            made.append((requests, make_batch(requests, 8, 2, 64, seed=len(requests)), None))
         else:
             # The Gluon kernel takes bf16/fp16 queries only (gluon_int4_decode.serves).
             dtype = torch.bfloat16 if int4_decode == "gluon" else torch.float32
             pb = pth_batch(requests, (8, 2), 64, cache, seed=len(requests), dtype=dtype)
-            b, scales = pb.batch, pb.cache
+            made.append((requests, pb.batch, pb.cache))
+    monkeypatch.setattr(CompiledLaunch, "compile", compile_)
+    monkeypatch.setattr(CompiledLaunch, "__call__", launch)
+    monkeypatch.setattr(planning, "num_sms", lambda device: 132)
+    for requests, b, scales in made:
         table = torch.full((b.slot_table.shape[0], width), 0, dtype=torch.int32, device=DEVICE)
         table[:, : b.slot_table.shape[1]] = b.slot_table  # one width: the warm-up plans from it
         args = (b.query, b.k_cache if scales is None else scales.k_codes,

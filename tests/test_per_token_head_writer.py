@@ -249,7 +249,10 @@ def test_a_relaunched_write_leaves_the_bytes_of_its_first_launch(vllm_written, n
     assert again.rows[c["slots"].cuda()].any(-1).all()
 
 
-def test_without_hadacore_the_int4_write_keeps_vllms_chain():
+def test_without_hadacore_the_int4_write_keeps_vllms_chain(monkeypatch):
+    from vllm.v1.attention.ops import int4_per_token_head as vllm_int4
+
+    monkeypatch.setattr(vllm_int4, "_HADACORE_AVAILABLE", False)  # as on a CPU (or pre-sm_80 GPU)
     rows = _rows(4, 1, 64, torch.bfloat16, 6)
     assert pth._rotated_pair(rows, rows) is None  # vLLM's CPU tier (a butterfly) is its own
 
