@@ -245,7 +245,7 @@ def test_a_long_launch_reads_the_longest_query_before_anything_else() -> None:
         out = torch.full_like(b.output, float("nan"))
         plan = ta._launch_plan(b.query, b.k_cache, b.v_cache, b.slot_table, b.query_start_loc, b.seq_lens,
                                b.scale, out, b.query.shape[0], two, 1, None,
-                               longest_query=told.to(torch.int32).to(DEVICE))
+                               longest_query=lambda told=told: told.to(torch.int32).to(DEVICE))
         assert len(plan) == 2  # given the longest query, no launch of its own
         launch, grid, args, key, options = plan[1]
         launch(grid, args, key, **options)

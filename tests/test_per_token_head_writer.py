@@ -23,6 +23,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from proxima.engine.attention import per_token_head as pth  # noqa: E402
+from proxima.engine.attention import pth_cuda_write as cuda_write  # noqa: E402
 from tests import vllm_reference_kernels as ref  # noqa: E402
 
 pytestmark = INTERPRETER_WARNINGS
@@ -137,7 +138,7 @@ def test_int4_batches_are_padded_to_whole_chunk_pairs(tokens, heads, head_size, 
     pairs (8 heads of 128, 4 of 128)."""
     key, value = torch.randn(tokens, heads, head_size), torch.randn(tokens, heads, head_size)
     slots = torch.arange(tokens)
-    k, v, s = pth._even_hadamard_chunks(key, value, slots)
+    k, v, s = cuda_write._even_hadamard_chunks(key, value, slots)
     assert k.shape[0] == v.shape[0] == s.shape[0] == padded
     assert k.numel() % 512 == 0
     assert torch.equal(k[:tokens], key) and torch.equal(v[:tokens], value) and torch.equal(s[:tokens], slots)
@@ -152,7 +153,7 @@ def test_an_odd_chunk_batch_is_written_as_an_even_one(vllm_written, head_size, t
     """vLLM 0.26's int4 writer leaves the last rows of a batch wrong when its CUDA Hadamard kernel
     (hadacore) gets an odd number (> 1) of 256-value chunks: 37 tokens x 3 heads of 256 are 111
     chunks, 35 x 3 x 128 are 53 after its padding, 36 x 3 x 64 are 27. Proxima's write pads such a
-    batch to an even count (``per_token_head._even_hadamard_chunks``), so its bytes equal vLLM's
+    batch to an even count (``pth_cuda_write._even_hadamard_chunks``), so its bytes equal vLLM's
     writer's for the same rows written where the count is even (the module's 40-token batch).
     H100, without the padding: the last rows differed in 9 of 10 shape x dtype cases, every repeat
     (docs/results/h100-2026-12-05b/odd-write.txt; 128 x 35 in bfloat16 came out right)."""
@@ -205,7 +206,7 @@ def test_the_int4_write_rotates_bf16_rows_to_vllms_bits(cpu_hadacore, tokens, he
 
     key = _rows(tokens, heads, head_size, torch.bfloat16, 3)
     value = _rows(tokens, heads, head_size, torch.bfloat16, 4) * 40  # larger values: other roundings
-    pair = pth._rotated_pair(key, value)
+    pair = cuda_write._rotated_pair(key, value)
     assert pair is not None
     for got, rows in zip(pair, (key, value)):
         want = single_rht(rows.float()).to(rows.dtype)
@@ -216,10 +217,10 @@ def test_the_short_rotation_leaves_other_batches_to_vllms_chain(cpu_hadacore):
     """Where its bits are not shown equal, vLLM's chain runs: another dtype, a batch hadacore
     would pad (not whole 256-value chunks), and a machine without hadacore."""
     rows = _rows(4, 1, 64, torch.bfloat16, 5)
-    assert pth._rotated_pair(rows.half(), rows.half()) is None
-    assert pth._rotated_pair(rows.float(), rows.float()) is None
-    assert pth._rotated_pair(rows[:, :, :32], rows[:, :, :32]) is None  # 4 x 32 values
-    assert pth._rotated_pair(rows, rows) is not None
+    assert cuda_write._rotated_pair(rows.half(), rows.half()) is None
+    assert cuda_write._rotated_pair(rows.float(), rows.float()) is None
+    assert cuda_write._rotated_pair(rows[:, :, :32], rows[:, :, :32]) is None  # 4 x 32 values
+    assert cuda_write._rotated_pair(rows, rows) is not None
 
 
 def test_the_int4_write_through_the_short_rotation_leaves_vllms_records(vllm_reference):
@@ -244,7 +245,7 @@ def test_a_relaunched_write_leaves_the_bytes_of_its_first_launch(vllm_written, n
     fmt = pth.PTH_FORMATS[name]
     first, again = _written_on_cuda(c, fmt), _written_on_cuda(c, fmt)
     kernel = "int4" if fmt.packed else "per_token_head"
-    assert pth._vllm_writer(kernel)._compiled, "the compiled handle was not kept"
+    assert cuda_write._vllm_writer(kernel)._compiled, "the compiled handle was not kept"
     assert torch.equal(first.rows, again.rows)
     assert again.rows[c["slots"].cuda()].any(-1).all()
 
@@ -254,7 +255,7 @@ def test_without_hadacore_the_int4_write_keeps_vllms_chain(monkeypatch):
 
     monkeypatch.setattr(vllm_int4, "_HADACORE_AVAILABLE", False)  # as on a CPU (or pre-sm_80 GPU)
     rows = _rows(4, 1, 64, torch.bfloat16, 6)
-    assert pth._rotated_pair(rows, rows) is None  # vLLM's CPU tier (a butterfly) is its own
+    assert cuda_write._rotated_pair(rows, rows) is None  # vLLM's CPU tier (a butterfly) is its own
 
 
 def test_a_written_slot_reads_back_what_vllms_dequantisation_gives():

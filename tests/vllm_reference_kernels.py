@@ -76,14 +76,14 @@ def write_slots(key, value, slots, kv_cache_dtype: str):
     slot records it leaves ([S, Hkv * record] uint8)."""
     import torch
 
-    from proxima.engine.attention import per_token_head
+    from proxima.engine.attention import per_token_head, pth_cuda_write
 
     fmt = per_token_head.PTH_FORMATS[kv_cache_dtype]
     num_heads, head_size = key.shape[1], key.shape[2]
     raw = torch.zeros(int(slots.max()) + 1, 1, num_heads, fmt.record_bytes(head_size), dtype=torch.uint8,
                       device=key.device)
     cache = per_token_head.cache_views(raw, fmt, num_heads, head_size)
-    per_token_head.vllm_write(key, value, cache, slots)
+    pth_cuda_write.vllm_write(key, value, cache, slots)
     return cache.rows.cpu()
 
 
@@ -110,7 +110,7 @@ def use_hadacore_stand_in() -> None:
 
 
 def write_slots_both_ways(key, value, slots) -> dict:
-    """int4 records written on Proxima's slot views twice: by `per_token_head.vllm_write` (its short
+    """int4 records written on Proxima's slot views twice: by `pth_cuda_write.vllm_write` (its short
     rotation for bf16 rows, then vLLM's quantising kernel) and by vLLM's whole writer, rotation
     chain included, as the write ran before."""
     import torch
@@ -119,7 +119,7 @@ def write_slots_both_ways(key, value, slots) -> dict:
     )
     from vllm.v1.kv_cache_interface import KVQuantMode
 
-    from proxima.engine.attention import per_token_head
+    from proxima.engine.attention import per_token_head, pth_cuda_write
 
     fmt = per_token_head.PTH_FORMATS["int4_per_token_head"]
     num_heads, head_size = key.shape[1], key.shape[2]
@@ -130,8 +130,8 @@ def write_slots_both_ways(key, value, slots) -> dict:
         return per_token_head.cache_views(raw, fmt, num_heads, head_size)
 
     short, chain = cache(), cache()
-    assert per_token_head._rotated_pair(key, value) is not None, "the short rotation must serve this batch"
-    per_token_head.vllm_write(key, value, short, slots)
+    assert pth_cuda_write._rotated_pair(key, value) is not None, "the short rotation must serve this batch"
+    pth_cuda_write.vllm_write(key, value, short, slots)
     triton_reshape_and_cache_flash_per_token_head_quant(
         key, value, *(t.unsqueeze(1) for t in (chain.k_codes, chain.v_codes, chain.k_scales, chain.v_scales)),
         slots, kv_quant_mode=KVQuantMode.INT4_PER_TOKEN_HEAD)

@@ -298,24 +298,18 @@ class ProximaSlotAttentionImpl(AttentionImpl):
         q = query.view(query.shape[0], self.num_heads, self.head_size)
         out = output.view(output.shape[0], self.num_heads, self.head_size)
         if q.is_cuda:
-            from proxima.engine.attention import gluon_int4_decode
             from proxima.engine.attention.triton_attention import slot_attention_triton
             from proxima.engine.attention.warmup import precompile_attention_once
 
             if not self._variants_ready:  # first calls run in vLLM's warm-up, before serving
                 self._variants_ready = precompile_attention_once(
                     q, k_cache, v_cache, m.slot_table, m.query_start_loc, m.seq_lens, out, scales)
-            graph_max_query_len = uniform_graph_query_len(m)
-            # int4 decodes go to the Gluon kernel, and a mixed plan's other launch first reads the
-            # longest query: once a step, not once a layer.
-            longest = (m.longest_query() if self.pth_fmt is not None and self.pth_fmt.packed
-                       and graph_max_query_len is None
-                       and gluon_int4_decode.serves(q, self.num_heads // self.num_kv_heads) else None)
+            # A plan of two launches asks for the batch's longest query: once a step, not once a layer.
             slot_attention_triton(
                 q, k_cache, v_cache, m.slot_table, m.query_start_loc, m.seq_lens, self.scale, out,
                 num_actual_tokens=m.num_actual_tokens, max_query_len=m.max_query_len,
-                max_seq_len=m.max_seq_len, graph_max_query_len=graph_max_query_len, kv_scales=scales,
-                longest_query=longest,
+                max_seq_len=m.max_seq_len, graph_max_query_len=uniform_graph_query_len(m), kv_scales=scales,
+                longest_query=m.longest_query,
             )
         elif not (vllm_cpu_kernel.serves(q, k_cache, scales) and vllm_cpu_kernel.attend(
                 q, k_cache, v_cache, m.slot_table, m.query_start_loc_cpu, m.seq_lens, self.scale, out,

@@ -60,6 +60,7 @@ with unit stride along D.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -238,7 +239,7 @@ def slot_attention_triton(
     max_seq_len: int | None = None,
     graph_max_query_len: int | None = None,
     kv_scales: KVScales | None = None,
-    longest_query: Tensor | None = None,
+    longest_query: Callable[[], Tensor] | None = None,
 ) -> Tensor:
     """Triton ``slot_attention_torch``: same signature, same semantics, writes ``output`` in place.
 
@@ -249,9 +250,9 @@ def slot_attention_triton(
     While a graph is captured the query-length hint is dropped too (a mixed plan, which serves any
     batch), unless ``graph_max_query_len`` bounds the queries of every batch the graph will replay:
     vLLM's uniform-decode graphs replay only batches of 1 + speculative tokens a request, and those
-    get the decode plan. ``longest_query``: the batch's longest query on the device
-    (`longest_query(query_start_loc)`, once a step for all layers); computed here when a launch
-    needs it and it is not given.
+    get the decode plan. ``longest_query``: returns the batch's longest query on the device,
+    called only by a plan that reads it (the backend's keeps one a step for all layers); without
+    it such a plan computes its own (`longest_query`).
 
     Metadata values are trusted (checking them would sync the device): ``query_start_loc`` must be
     non-decreasing with ``query_start_loc[-1] <= T``, and ``q_len <= seq_lens[r] <= slot_table
@@ -291,7 +292,8 @@ def slot_attention_triton(
 def _launch_plan(
     query: Tensor, k_cache: Tensor, v_cache: Tensor, slot_table: Tensor, query_start_loc: Tensor,
     seq_lens: Tensor, scale: float, output: Tensor, row_limit: int, tiles: TileConfig, num_splits: int,
-    kv_scales: KVScales | None = None, decodes_only: bool = False, longest_query: Tensor | None = None,
+    kv_scales: KVScales | None = None, decodes_only: bool = False,
+    longest_query: Callable[[], Tensor] | None = None,
 ) -> list[tuple[CompiledLaunch, tuple[int, int, int], tuple, tuple, dict]]:
     """The kernel launches of one attention call: (launcher, grid, args, cache key, options) each.
 
@@ -333,13 +335,15 @@ def _launch_plan(
     # Launch arguments in the kernel's parameter order, constexprs last (see kernel_launch.py).
     # A plan of two launches (a ROLE 2 launch beside the short requests' own) reads the longest query.
     two_launches = not decodes_only if int4_decode else tiles.short_launch is not None
-    prelude = []
-    if two_launches and longest_query is None:
-        longest_query, entry = longest_query_launch(query_start_loc)
-        prelude.append(entry)
     # query_start_loc stands in for it where no launch reads it (int32 as well).
+    longest, prelude = query_start_loc, []
+    if two_launches and longest_query is not None:
+        longest = longest_query()
+    elif two_launches:
+        longest, entry = longest_query_launch(query_start_loc)
+        prelude.append(entry)
     tensors = (query, k_cache, v_cache, output, slot_table, query_start_loc, seq_lens, acc_ws, m_ws, l_ws,
-               k_scale, v_scale, rht, signs, longest_query if two_launches else query_start_loc)
+               k_scale, v_scale, rht, signs, longest)
     if codes == 2:  # int4 attends in vLLM's rotated space, whose dot products are D times larger
         scale = scale / head_size
     runtime = (float(scale) * _LOG2_E, num_requests, row_limit, num_splits)  # not specialized on
