@@ -5,8 +5,12 @@ Running requests, preemptions and steps depend on token counts and slots alone (
 `ignore_eos`), not on the weights or the device: at Proxima int4's 30,840 slots this gives what the
 H200 gives (docs/benchmarks.md, issue 25), so scheduling changes can be tried here first.
 
+`--step-cap N`, a what-if: while requests run, no step schedules more than N tokens (steps then
+fit a CUDA graph of N tokens; vLLM has no such setting, so the job patches its scheduler's
+budget). `scripts/price_steps.py` prices a run's steps in a GPU run's costs.
+
 usage: python scripts/burst_schedule_cpu.py [--slots 30840] [--shared-prefix 300] [--variant token]
-                                            [--model DIR] [--json OUT]
+                                            [--step-cap N] [--model DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from proxima.harness import TINY_CPU_ARGS, EngineSpec, open_engine, run_isolated
 TINY_BYTES_PER_TOKEN = 1024  # the tiny model's float32 K and V: 2 layers x 2 x 2 heads x 32 x 4 bytes
 
 
-def job(model: str, variant: str, slots: int, shared_prefix: int) -> dict:
+def job(model: str, variant: str, slots: int, shared_prefix: int, step_cap: int = 0) -> dict:
     from kit.e2e import throughput, workload
+
+    if step_cap:
+        cap_running_steps(step_cap)
 
     # vLLM keeps the last of a repeated flag: the H200 run's max_model_len over the tiny default.
     flags = vllm_flags(seed=0, kv_cache_memory_bytes=slots * TINY_BYTES_PER_TOKEN, max_num_seqs=512,
@@ -45,6 +52,20 @@ def job(model: str, variant: str, slots: int, shared_prefix: int) -> dict:
     return result | {"step_bounds": step_bounds(prompts, params, slots, shared_prefix)}
 
 
+def cap_running_steps(cap: int) -> None:
+    """Patch this process's vLLM scheduler: `cap` tokens a step while any request runs."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    schedule = Scheduler.schedule
+
+    def capped(self, *args, **kwargs):
+        full = self.__dict__.setdefault("_uncapped_budget", self.max_num_scheduled_tokens)
+        self.max_num_scheduled_tokens = min(cap, full) if self.running else full
+        return schedule(self, *args, **kwargs)
+
+    Scheduler.schedule = capped
+
+
 def step_bounds(prompts, params, slots: int, shared_prefix: int) -> dict:
     """Fewest steps any schedule of the burst could take: by KV memory (every request's private
     tokens held at each of its steps, the shared prompt once) and by its longest answer."""
@@ -59,10 +80,13 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=30840, help="KV slots (Proxima int4 at 1 GiB on the H200)")
     p.add_argument("--shared-prefix", type=int, default=300, help="system prompt tokens (0: short chats)")
     p.add_argument("--variant", default="token", choices=("token", "block"))
+    p.add_argument("--step-cap", type=int, default=0, metavar="N",
+                   help="while requests run, at most N tokens a step (a what-if; 0: vLLM's budget)")
     p.add_argument("--model", default=".proxima/tiny-model")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    r = run_isolated(job, args.model, args.variant, args.slots, args.shared_prefix, timeout=1800)
+    r = run_isolated(job, args.model, args.variant, args.slots, args.shared_prefix, args.step_cap,
+                     timeout=1800)
     bounds = r["step_bounds"]
     print(f"{args.variant} at {args.slots} slots, shared prefix {args.shared_prefix}: {r['wrapper_steps']} "
           f"steps (no schedule takes fewer than {bounds['memory']:.0f} by memory, {bounds['longest_answer']} "
