@@ -1,9 +1,10 @@
 """Price a burst's schedule in a GPU run's step costs: what keeping more steps in CUDA graphs buys.
 
 A GPU run (scripts/gpu/e2e.py) logs each step's tokens and period. Three costs describe it:
-- a step replayed from a CUDA graph (at most the run's capture size in tokens): their median;
-- an eager step: their median (bound by the host's per-layer launches, nearly flat in tokens);
-- large steps: milliseconds per token (the GEMMs), the median over steps of 4,000 tokens or more.
+- large steps (4,000 tokens or more): milliseconds per token (their GEMMs), the median;
+- of the others, a step replayed from a CUDA graph (at most the run's capture size in tokens):
+  their median; an eager step: their median (bound by the host's per-layer launches, nearly flat
+  in tokens).
 A step costs the larger of its kind's median and its tokens times that rate. The schedule priced
 is any step log with the same fields: the GPU run's own (a check of the fit), or a CPU replica's
 (scripts/burst_schedule_cpu.py --json, same scheduler and slot count, so the same steps).
@@ -53,7 +54,8 @@ def fit(paths: list[Path]) -> StepCosts:
         for _, _, tokens, _, ms in data["tight"]["steps"]:
             if tokens >= LARGE:
                 rates.append(ms / tokens)
-            (graph if tokens <= limit else eager).append(ms)
+            else:
+                (graph if tokens <= limit else eager).append(ms)
     if len(sizes) != 1 or not graph or not eager or not rates:
         raise SystemExit("the fit needs runs of one capture size with graph, eager and large steps")
     median = statistics.median
