@@ -53,7 +53,16 @@ _OWNED_FLAGS = ("--scheduler-cls",)
 # count whatever the batch mix (AttentionCGSupport.ALWAYS; tests/test_attention_gpu_graphs.py),
 # so `proxima serve` captures those steps too: on the H200, 1 GiB of KV and 512 short chats,
 # 6,437 output tok/s against 5,350 with vLLM's default (docs/benchmarks.md).
-FULL_CUDA_GRAPHS = '{"cudagraph_mode": "FULL"}'
+# And steps of up to GRAPH_TOKENS tokens, where vLLM captures 512 at most by default: a larger
+# step ran outside graphs, bound by each layer's host launches (42.6 ms a step on an H100 whatever
+# its 520-1,530 tokens, against 8.6 in a graph), and a short-chat burst spent two thirds of its
+# wall there. On an H100, int4 KV: 8,600 output tok/s against 5,910; the graphs take 0.55 GiB
+# against 0.24 and 11 s of start-up against 6 (docs/benchmarks.md, "Graphs to 2,048 tokens").
+GRAPH_TOKENS = 2048
+FULL_CUDA_GRAPHS = json.dumps({"cudagraph_mode": "FULL", "max_cudagraph_capture_size": GRAPH_TOKENS})
+FULL_CUDA_GRAPHS_ONLY = '{"cudagraph_mode": "FULL"}'
+# vLLM refuses a capture size given both in --compilation-config and as its own flag.
+_CAPTURE_SIZE_FLAGS = ("--max-cudagraph-capture-size", "--cudagraph-capture-sizes")
 # Flags that choose CUDA-graph behaviour themselves: with any of them, the user's choice stands.
 _GRAPH_FLAGS = ("--compilation-config", "-cc", "--optimization-level", "-O", "--enforce-eager")
 
@@ -154,8 +163,13 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
         if cuda and not _has_flag(args, "--attention-backend"):
             args += ["--attention-backend", "CUSTOM"]
         if cuda and not _sets_graph_mode(args):
-            args += ["--compilation-config", FULL_CUDA_GRAPHS]
-            notes.append("CUDA graphs: FULL (mixed prefill+decode steps are captured too; "
+            if any(_has_flag(args, flag) for flag in _CAPTURE_SIZE_FLAGS):
+                args += ["--compilation-config", FULL_CUDA_GRAPHS_ONLY]
+                sizes = "the capture sizes given"
+            else:
+                args += ["--compilation-config", FULL_CUDA_GRAPHS]
+                sizes = f"steps of up to {GRAPH_TOKENS} tokens (--max-cudagraph-capture-size to change)"
+            notes.append(f"CUDA graphs: FULL, {sizes} (mixed prefill+decode steps are captured too; "
                          "pass --compilation-config or --enforce-eager to choose otherwise)")
     if cuda is None:
         cuda = _cuda_available()

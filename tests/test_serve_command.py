@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxima.engine.settings import ProximaConfigError
-from proxima.serve_command import FULL_CUDA_GRAPHS, build_serve_command
+from proxima.serve_command import FULL_CUDA_GRAPHS, GRAPH_TOKENS, build_serve_command, parse_server_args
 
 
 def _argv(allocator: str, args: list[str], cuda: bool) -> list[str]:
@@ -27,6 +27,35 @@ def test_prefix_caching_follows_vllms_own_flag():
     assert "--no-enable-prefix-caching" in off.argv
     assert any("prefix cache: on" in n for n in on.notes)
     assert any("prefix cache: off" in n for n in off.notes)
+
+
+def engine_args(argv: list[str]):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs.from_cli_args(parse_server_args(argv[argv.index("--model"):]))
+
+
+def test_full_graphs_capture_steps_of_up_to_graph_tokens():
+    args = engine_args(_argv("token", [], cuda=True))
+    assert args.compilation_config.cudagraph_mode.name == "FULL"
+    assert args.compilation_config.max_cudagraph_capture_size == GRAPH_TOKENS
+    assert args.max_cudagraph_capture_size is None
+
+
+@pytest.mark.parametrize(("flags", "field", "value"), [
+    (["--max-cudagraph-capture-size", "512"], "max_cudagraph_capture_size", 512),
+    (["--cudagraph-capture-sizes", "1", "2", "4"], "cudagraph_capture_sizes", [1, 2, 4]),
+])
+def test_a_users_capture_sizes_stand_beside_full_graphs(flags, field, value):
+    """vLLM refuses a capture size set both in --compilation-config and by its own flag: the
+    user's flag then stands alone, and the graphs stay FULL."""
+    result = build_serve_command("m", "token", flags, cuda=True)
+    args = engine_args(result.argv)
+    assert args.compilation_config.cudagraph_mode.name == "FULL"
+    assert args.compilation_config.max_cudagraph_capture_size is None
+    assert args.compilation_config.cudagraph_capture_sizes is None
+    assert getattr(args, field) == value
+    assert any("the capture sizes given" in n for n in result.notes)
 
 
 @pytest.mark.parametrize("flags", [

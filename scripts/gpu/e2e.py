@@ -44,7 +44,8 @@ def main() -> None:
                         "starts than between repeats, so a ratio of engines wants N >= 2")
     p.add_argument("--graph-tokens", type=int, default=None, metavar="N",
                    help="the *-full engines replay steps of up to N tokens from CUDA graphs (vLLM's "
-                        "max_cudagraph_capture_size; default 512 here): larger steps run outside graphs")
+                        "max_cudagraph_capture_size; default proxima serve's 2048, vLLM's is 512 here): "
+                        "larger steps run outside graphs")
     args = p.parse_args()
     if args.repeats < 1 or args.starts < 1:
         p.error("--repeats and --starts take a count of 1 or more")

@@ -42,6 +42,7 @@ from proxima.files import write_atomic
 from proxima.harness import EngineProcessError, EngineSpec, open_engine, run_isolated, vllm_flags
 from proxima.harness.tiles import ContextTiles
 from proxima.load import random_prompt
+from proxima.serve_command import GRAPH_TOKENS
 
 GiB = 1 << 30
 ENGINES = {
@@ -109,8 +110,9 @@ def build_seeded_model(path: Path) -> None:
 
 def engine_spec(model: str, name: str, graph_tokens: int | None = None) -> EngineSpec:
     """`graph_tokens`: the largest step the *-full engines replay from a CUDA graph (vLLM's
-    max_cudagraph_capture_size; None: vLLM's default, 512 here). Larger steps run outside graphs,
-    paying each layer's host launch cost."""
+    max_cudagraph_capture_size; None: `proxima serve`'s, 2,048, the stronger form of stock's FULL
+    graphs as well; vLLM's default is 512 here). Larger steps run outside graphs, paying each
+    layer's host launch cost."""
     proxima, backend, kv_bytes, _ = ENGINES[name]
     seeded = name in SEEDED
     if seeded:
@@ -118,9 +120,7 @@ def engine_spec(model: str, name: str, graph_tokens: int | None = None) -> Engin
     # Prefix caching at vLLM's default (on) for every engine, as users run stock. CUDA graphs:
     # FULL for the *-full engines; the others name vLLM's default level, so that Proxima's get
     # vLLM's default graphs too (proxima serve would otherwise choose FULL for them).
-    full = {"cudagraph_mode": "FULL"}
-    if graph_tokens:
-        full["max_cudagraph_capture_size"] = graph_tokens
+    full = {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": graph_tokens or GRAPH_TOKENS}
     graphs = {"compilation_config": full} if name in FULL_GRAPHS else {"optimization_level": 2}
     flags = vllm_flags(load_format="auto" if seeded else "dummy", dtype="bfloat16", max_model_len=2048,
                        seed=0, kv_cache_memory_bytes=kv_bytes, max_num_seqs=512, attention_backend=backend,
