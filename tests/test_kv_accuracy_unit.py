@@ -32,7 +32,7 @@ from proxima.accuracy_report import (
     write_json,
 )
 from proxima.harness.engine import engine_command
-from proxima.serve_command import build_serve_command
+from proxima.serve_command import GRAPH_TOKENS, build_serve_command
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_kv_accuracy.py"
 
@@ -96,7 +96,8 @@ def test_cuda_specs_run_graphs_stock_per_token_head_on_triton_and_proxima_as_ser
     # On CUDA `proxima serve`'s command builder adds the CUSTOM backend and FULL graphs.
     served = build_serve_command("/m", "token", list(specs["proxima-int4_per_token_head"].args), cuda=True)
     assert _flag(tuple(served.argv), "--attention-backend") == "CUSTOM"
-    assert json.loads(_flag(tuple(served.argv), "--compilation-config")) == {"cudagraph_mode": "FULL"}
+    assert json.loads(_flag(tuple(served.argv), "--compilation-config")) == {
+        "cudagraph_mode": "FULL", "max_cudagraph_capture_size": GRAPH_TOKENS}
 
 
 def test_wanted_comparisons():
