@@ -165,12 +165,13 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
         if cuda and not _sets_graph_mode(args):
             if any(_has_flag(args, flag) for flag in _CAPTURE_SIZE_FLAGS):
                 args += ["--compilation-config", FULL_CUDA_GRAPHS_ONLY]
-                sizes = "the capture sizes given"
+                sizes = "at the capture sizes given"
             else:
                 args += ["--compilation-config", FULL_CUDA_GRAPHS]
-                sizes = f"steps of up to {GRAPH_TOKENS} tokens (--max-cudagraph-capture-size to change)"
-            notes.append(f"CUDA graphs: FULL, {sizes} (mixed prefill+decode steps are captured too; "
-                         "pass --compilation-config or --enforce-eager to choose otherwise)")
+                sizes = (f"steps of up to {GRAPH_TOKENS} tokens (--max-cudagraph-capture-size N for "
+                         "another size)")
+            notes.append(f"CUDA graphs: FULL, mixed prefill+decode steps captured too, {sizes}; "
+                         "pass --compilation-config or --enforce-eager to choose otherwise")
     if cuda is None:
         cuda = _cuda_available()
     if not cuda:

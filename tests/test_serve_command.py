@@ -55,7 +55,7 @@ def test_a_users_capture_sizes_stand_beside_full_graphs(flags, field, value):
     assert args.compilation_config.max_cudagraph_capture_size is None
     assert args.compilation_config.cudagraph_capture_sizes is None
     assert getattr(args, field) == value
-    assert any("the capture sizes given" in n for n in result.notes)
+    assert any("at the capture sizes given" in n for n in result.notes)
 
 
 @pytest.mark.parametrize("flags", [
