@@ -61,8 +61,10 @@ _OWNED_FLAGS = ("--scheduler-cls",)
 GRAPH_TOKENS = 2048
 FULL_CUDA_GRAPHS = json.dumps({"cudagraph_mode": "FULL", "max_cudagraph_capture_size": GRAPH_TOKENS})
 FULL_CUDA_GRAPHS_ONLY = '{"cudagraph_mode": "FULL"}'
-# vLLM refuses a capture size given both in --compilation-config and as its own flag.
-_CAPTURE_SIZE_FLAGS = ("--max-cudagraph-capture-size", "--cudagraph-capture-sizes")
+# vLLM refuses a capture size given both in --compilation-config and as its own flag (which its
+# parser also takes with underscores).
+_CAPTURE_SIZE_FLAGS = ("--max-cudagraph-capture-size", "--cudagraph-capture-sizes",
+                       "--max_cudagraph_capture_size", "--cudagraph_capture_sizes")
 # Flags that choose CUDA-graph behaviour themselves: with any of them, the user's choice stands.
 _GRAPH_FLAGS = ("--compilation-config", "-cc", "--optimization-level", "-O", "--enforce-eager")
 

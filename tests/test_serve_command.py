@@ -45,6 +45,7 @@ def test_full_graphs_capture_steps_of_up_to_graph_tokens():
 @pytest.mark.parametrize(("flags", "field", "value"), [
     (["--max-cudagraph-capture-size", "512"], "max_cudagraph_capture_size", 512),
     (["--cudagraph-capture-sizes", "1", "2", "4"], "cudagraph_capture_sizes", [1, 2, 4]),
+    (["--max_cudagraph_capture_size=256"], "max_cudagraph_capture_size", 256),
 ])
 def test_a_users_capture_sizes_stand_beside_full_graphs(flags, field, value):
     """vLLM refuses a capture size set both in --compilation-config and by its own flag: the
