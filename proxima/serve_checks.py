@@ -38,6 +38,11 @@ def model_problem(model: str) -> str | None:
     return None
 
 
+def has_flag(args: Sequence[str], flag: str) -> bool:
+    """`flag` is in vLLM's argument list, as `--flag` or `--flag=V`."""
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
 def flag_value(args: Sequence[str], flag: str) -> str | None:
     """The value of `flag` in vLLM's argument list (`--flag V` or `--flag=V`), or None."""
     for k, a in enumerate(args):

@@ -42,31 +42,13 @@ from proxima.engine.settings import (
 from proxima.hosts import is_loopback
 from proxima.metrics.catalog import REFERENCE_BLOCK_SIZE
 from proxima.metrics.otel_env import ENDPOINT_ENV as OTLP_ENDPOINT_ENV
-from proxima.serve_checks import flag_value
+from proxima.serve_checks import flag_value, has_flag
+from proxima.serve_graphs import graph_args
 
 logger = logging.getLogger(__name__)
 
 SCHEDULER_CLS = "proxima.engine.scheduler.ProximaScheduler"
 _OWNED_FLAGS = ("--scheduler-cls",)
-# vLLM's default CUDA-graph mode (FULL_AND_PIECEWISE) runs attention eagerly, layer by layer, in
-# every mixed prefill+decode step. Proxima's kernels replay correctly from one graph per token
-# count whatever the batch mix (AttentionCGSupport.ALWAYS; tests/test_attention_gpu_graphs.py),
-# so `proxima serve` captures those steps too: on the H200, 1 GiB of KV and 512 short chats,
-# 6,437 output tok/s against 5,350 with vLLM's default (docs/benchmarks.md).
-# And steps of up to GRAPH_TOKENS tokens, where vLLM captures 512 at most by default: a larger
-# step ran outside graphs, bound by each layer's host launches (42.6 ms a step on an H100 whatever
-# its 520-1,530 tokens, against 8.6 in a graph), and a short-chat burst spent two thirds of its
-# wall there. On an H100, int4 KV: 8,600 output tok/s against 5,910; the graphs take 0.55 GiB
-# against 0.24 and 11 s of start-up against 6 (docs/benchmarks.md, "Graphs to 2,048 tokens").
-GRAPH_TOKENS = 2048
-FULL_CUDA_GRAPHS = json.dumps({"cudagraph_mode": "FULL", "max_cudagraph_capture_size": GRAPH_TOKENS})
-FULL_CUDA_GRAPHS_ONLY = '{"cudagraph_mode": "FULL"}'
-# vLLM refuses a capture size given both in --compilation-config and as its own flag (which its
-# parser also takes with underscores).
-_CAPTURE_SIZE_FLAGS = ("--max-cudagraph-capture-size", "--cudagraph-capture-sizes",
-                       "--max_cudagraph_capture_size", "--cudagraph_capture_sizes")
-# Flags that choose CUDA-graph behaviour themselves: with any of them, the user's choice stands.
-_GRAPH_FLAGS = ("--compilation-config", "-cc", "--optimization-level", "-O", "--enforce-eager")
 
 
 @dataclass(slots=True)
@@ -87,15 +69,6 @@ CPU_KV_MIN_BYTES = 64 << 20
 _KV_SIZE_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
 
 
-def _has_flag(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
-def _sets_graph_mode(args: list[str]) -> bool:
-    # Prefixes, not whole flags: vLLM also takes -O3, -cc.cudagraph_mode=... and --compilation-config.x.
-    return any(a.startswith(_GRAPH_FLAGS) for a in args)
-
-
 def exposure_note(args: list[str]) -> str | None:
     """One line when the server will answer beyond loopback with no API key; None otherwise.
 
@@ -105,7 +78,7 @@ def exposure_note(args: list[str]) -> str | None:
     if host is not None and is_loopback(host):
         return None
     where = f"--host {host}" if host else "every interface (no --host)"
-    if _has_flag(args, "--api-key") or os.environ.get("VLLM_API_KEY"):
+    if has_flag(args, "--api-key") or os.environ.get("VLLM_API_KEY"):
         return (f"the server listens on {where}; --api-key guards /v1 only: /metrics, /tokenize and "
                 "/detokenize answer anyone who can reach this machine (keep them behind your gateway)")
     return (f"the server listens on {where} without --api-key: anyone who can reach this machine can "
@@ -114,7 +87,7 @@ def exposure_note(args: list[str]) -> str | None:
 
 def cpu_kv_default(args: list[str], available_bytes: int | None = None) -> tuple[list[str], str | None]:
     """On CPU with no KV size chosen: a bounded --kv-cache-memory-bytes, and the line saying so."""
-    if any(_has_flag(args, f) for f in _KV_SIZE_FLAGS) or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+    if any(has_flag(args, f) for f in _KV_SIZE_FLAGS) or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return [], None
     if available_bytes is None:
         import psutil
@@ -143,14 +116,14 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
     telemetry_interval_from_env()  # the engine reads these at start-up: refuse a bad value now
     idle_trim_from_env()
     for flag in _OWNED_FLAGS:
-        if _has_flag(vllm_args, flag):
+        if has_flag(vllm_args, flag):
             raise ProximaConfigError(f"{flag} is set by proxima serve; remove it from the command")
     args = list(vllm_args)
     notes: list[str] = []
     if allocator == "token":
-        if not _has_flag(args, "--block-size"):
+        if not has_flag(args, "--block-size"):
             args += ["--block-size", "1"]
-        if _has_flag(args, "--no-enable-prefix-caching"):
+        if has_flag(args, "--no-enable-prefix-caching"):
             notes.append("prefix cache: off (--no-enable-prefix-caching)")
         else:
             notes.append("prefix cache: on, token-exact (--no-enable-prefix-caching turns it off)")
@@ -162,18 +135,13 @@ def build_serve_command(model: str, allocator: str, vllm_args: list[str],
             "reports them (--proxima-exact-kv-figures for a single-tenant server)")
         if cuda is None:
             cuda = _cuda_available()
-        if cuda and not _has_flag(args, "--attention-backend"):
+        if cuda and not has_flag(args, "--attention-backend"):
             args += ["--attention-backend", "CUSTOM"]
-        if cuda and not _sets_graph_mode(args):
-            if any(_has_flag(args, flag) for flag in _CAPTURE_SIZE_FLAGS):
-                args += ["--compilation-config", FULL_CUDA_GRAPHS_ONLY]
-                sizes = "at the capture sizes given"
-            else:
-                args += ["--compilation-config", FULL_CUDA_GRAPHS]
-                sizes = (f"steps of up to {GRAPH_TOKENS} tokens (--max-cudagraph-capture-size N for "
-                         "another size)")
-            notes.append(f"CUDA graphs: FULL, mixed prefill+decode steps captured too, {sizes}; "
-                         "pass --compilation-config or --enforce-eager to choose otherwise")
+        if cuda:
+            extra, note = graph_args(args)
+            args += extra
+            if note:
+                notes.append(note)
     if cuda is None:
         cuda = _cuda_available()
     if not cuda:
@@ -206,7 +174,7 @@ def _tenant_env(value: str, args: list[str]) -> dict[str, str]:
         source = tenancy.TenantSource.parse(value)
     except tenancy.TenancyConfigError as err:
         raise ProximaConfigError(str(err)) from None
-    if source.mode == "api-key" and not (_has_flag(args, "--api-key") or os.environ.get("VLLM_API_KEY")):
+    if source.mode == "api-key" and not (has_flag(args, "--api-key") or os.environ.get("VLLM_API_KEY")):
         raise ProximaConfigError(
             "--proxima-tenant-salt api-key needs --api-key KEY [KEY ...] (one key per tenant)")
     return {tenancy.MODE_ENV: value, tenancy.SECRET_ENV: tenancy.new_secret()}

@@ -32,7 +32,8 @@ from proxima.accuracy_report import (
     write_json,
 )
 from proxima.harness.engine import engine_command
-from proxima.serve_command import GRAPH_TOKENS, build_serve_command
+from proxima.serve_command import build_serve_command
+from proxima.serve_graphs import GRAPH_TOKENS
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_kv_accuracy.py"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from proxima.engine.settings import ProximaConfigError
-from proxima.serve_command import FULL_CUDA_GRAPHS, GRAPH_TOKENS, build_serve_command, parse_server_args
+from proxima.serve_command import build_serve_command, parse_server_args
+from proxima.serve_graphs import FULL_CUDA_GRAPHS, GRAPH_TOKENS
 
 
 def _argv(allocator: str, args: list[str], cuda: bool) -> list[str]:

@@ -42,7 +42,7 @@ from proxima.files import write_atomic
 from proxima.harness import EngineProcessError, EngineSpec, open_engine, run_isolated, vllm_flags
 from proxima.harness.tiles import ContextTiles
 from proxima.load import random_prompt
-from proxima.serve_command import GRAPH_TOKENS
+from proxima.serve_graphs import full_graphs
 
 GiB = 1 << 30
 ENGINES = {
@@ -120,7 +120,7 @@ def engine_spec(model: str, name: str, graph_tokens: int | None = None) -> Engin
     # Prefix caching at vLLM's default (on) for every engine, as users run stock. CUDA graphs:
     # FULL for the *-full engines; the others name vLLM's default level, so that Proxima's get
     # vLLM's default graphs too (proxima serve would otherwise choose FULL for them).
-    full = {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": graph_tokens or GRAPH_TOKENS}
+    full = full_graphs(graph_tokens) if graph_tokens else full_graphs()
     graphs = {"compilation_config": full} if name in FULL_GRAPHS else {"optimization_level": 2}
     flags = vllm_flags(load_format="auto" if seeded else "dummy", dtype="bfloat16", max_model_len=2048,
                        seed=0, kv_cache_memory_bytes=kv_bytes, max_num_seqs=512, attention_backend=backend,
