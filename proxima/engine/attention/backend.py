@@ -39,6 +39,7 @@ from vllm.v1.attention.backend import (
 from proxima.engine import heap_trim
 from proxima.engine.attention import launch_args, per_token_head, vllm_cpu_kernel
 from proxima.engine.attention.per_token_head import PTH_FORMATS, PTHCache, pth_format
+from proxima.engine.attention.planning import capturing
 from proxima.engine.attention.quant import FP8_KV_DTYPES, KVScales, storage_dtype
 from proxima.engine.attention.reference import slot_attention_torch
 from proxima.engine.attention.slot_rows import write_kv
@@ -130,10 +131,10 @@ class ProximaSlotMetadata:
         """Computed once a step (all layers share the step's metadata), by one small launch."""
         from proxima.engine.attention.triton_attention import longest_query
 
-        capturing = torch.cuda.is_current_stream_capturing()
-        known = self._longest_query.get(capturing)
+        key = capturing(self.query_start_loc)
+        known = self._longest_query.get(key)
         if known is None:
-            known = self._longest_query[capturing] = longest_query(self.query_start_loc)
+            known = self._longest_query[key] = longest_query(self.query_start_loc)
         return known
 
 
